@@ -1,0 +1,354 @@
+//! `ocrctl export`: checkpoint → `onnx/*.onnx` + tokenizer files + `ocrctl.json`.
+//!
+//! Everything is written into `<out>.partial-<pid>` next to `<out>` and renamed at the end,
+//! so an interrupted export never leaves a loadable half model. An existing `<out>` is
+//! refused unless `force` is set; it is then replaced only once the new export is complete.
+
+use crate::checkpoint::{Checkpoint, Weights};
+use crate::config::ModelConfig;
+use crate::dummy::{self, DummyWeights};
+use crate::graph::{DType, GraphInfo};
+use crate::layers::{Emit, Target};
+use crate::{decoder, embed, vision, ExportError};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Opset of the default ONNX domain in every exported graph.
+pub const OPSET: i64 = 21;
+/// Manifest file name inside an export.
+pub const MANIFEST: &str = "ocrctl.json";
+/// Files copied from the checkpoint when present (`tokenizer.json` is required).
+pub const COPIED_FILES: &[&str] = &[
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+];
+
+/// Weight precision of an exported graph set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// float32 weights and activations (file suffix ``).
+    Fp32,
+    /// float16 weights and activations, float32 logits (suffix `_fp16`).
+    Fp16,
+}
+
+impl Precision {
+    /// The onnx-community file-name suffix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "",
+            Precision::Fp16 => "_fp16",
+        }
+    }
+
+    /// Activation dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::Fp32 => DType::F32,
+            Precision::Fp16 => DType::F16,
+        }
+    }
+
+    /// Parses `fp32` / `fp16`.
+    pub fn parse(s: &str) -> Result<Precision, ExportError> {
+        match s {
+            "fp32" => Ok(Precision::Fp32),
+            "fp16" => Ok(Precision::Fp16),
+            other => Err(ExportError::Invalid(format!(
+                "unknown precision `{other}` (expected fp32 or fp16)"
+            ))),
+        }
+    }
+
+    /// `fp32` / `fp16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+        }
+    }
+}
+
+/// What to export and where.
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    /// A checkpoint directory, or `dummy:<name>` for random weights.
+    pub checkpoint: String,
+    pub out: PathBuf,
+    pub precisions: Vec<Precision>,
+    pub target: Target,
+    pub force: bool,
+}
+
+impl ExportOptions {
+    /// fp32, ORT target, no overwrite.
+    pub fn new(checkpoint: String, out: PathBuf) -> ExportOptions {
+        ExportOptions {
+            checkpoint,
+            out,
+            precisions: vec![Precision::Fp32],
+            target: Target::Ort,
+            force: false,
+        }
+    }
+}
+
+/// Progress events for a UI.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    /// A part starts; `steps` calls to `Step` follow.
+    Begin {
+        part: String,
+        steps: u64,
+    },
+    Step,
+    /// The part is written.
+    End,
+}
+
+/// One source file's identity in the manifest.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SourceFile {
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// `ocrctl.json`: what was exported, from what, and the graphs' I/O contract.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub ocrctl_version: String,
+    pub source: String,
+    pub source_dtype: String,
+    pub source_files: Vec<SourceFile>,
+    /// sha256 over the source files' digests, in name order.
+    pub checkpoint_digest: String,
+    pub target: Target,
+    pub ir_version: i64,
+    pub opset: i64,
+    pub precisions: Vec<Precision>,
+    pub model: ModelConfig,
+    /// precision → part (`vision_encoder`, `embed_tokens`, `decoder_model_merged`) → graph.
+    pub graphs: BTreeMap<Precision, BTreeMap<String, GraphInfo>>,
+}
+
+impl Manifest {
+    /// Reads `<dir>/ocrctl.json`.
+    pub fn load(dir: &Path) -> Result<Manifest, ExportError> {
+        let p = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&p).map_err(|e| ExportError::io(&p, e))?;
+        serde_json::from_str(&text)
+            .map_err(|e| ExportError::config(&p, format!("not an ocrctl manifest: {e}")))
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<SourceFile, ExportError> {
+    let mut f = std::fs::File::open(path).map_err(|e| ExportError::io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| ExportError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+        h.update(&buf[..n]);
+    }
+    Ok(SourceFile {
+        name: path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+        bytes,
+        sha256: format!("{:x}", h.finalize()),
+    })
+}
+
+/// Removes the temporary directory unless the export completed.
+struct TempDir(PathBuf, bool);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !self.1 {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Runs the export and returns the manifest it wrote.
+pub fn export(
+    opts: &ExportOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Manifest, ExportError> {
+    if opts.precisions.is_empty() {
+        return Err(ExportError::Invalid("no precision requested".into()));
+    }
+    if opts.out.exists() && !opts.force {
+        return Err(ExportError::Invalid(format!(
+            "{}: already exists (use --force to replace it)",
+            opts.out.display()
+        )));
+    }
+    let parent = opts
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| ExportError::io(parent, e))?;
+    let name = opts.out.file_name().ok_or_else(|| {
+        ExportError::Invalid(format!(
+            "{}: not a usable output directory",
+            opts.out.display()
+        ))
+    })?;
+    let tmp_path = parent.join(format!(
+        ".{}.partial-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp_path);
+    let onnx_dir = tmp_path.join("onnx");
+    std::fs::create_dir_all(&onnx_dir).map_err(|e| ExportError::io(&onnx_dir, e))?;
+    let mut tmp = TempDir(tmp_path.clone(), false);
+
+    let (cfg, weights, source_files): (ModelConfig, Box<dyn Weights>, Vec<SourceFile>) =
+        if let Some(dummy_name) = opts.checkpoint.strip_prefix("dummy:") {
+            let cfg = dummy::write_files(dummy_name, &tmp_path)?;
+            (cfg, Box::new(DummyWeights), Vec::new())
+        } else {
+            let dir = PathBuf::from(&opts.checkpoint);
+            if !dir.is_dir() {
+                return Err(ExportError::Invalid(format!(
+                    "{}: checkpoint directory not found",
+                    dir.display()
+                )));
+            }
+            let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+            let ck = Checkpoint::open(&dir)?;
+            if !dir.join("tokenizer.json").is_file() {
+                return Err(ExportError::Invalid(format!(
+                    "{}: tokenizer.json is missing (needed to run the model)",
+                    dir.display()
+                )));
+            }
+            let mut files = Vec::new();
+            for f in COPIED_FILES {
+                let src = dir.join(f);
+                if src.is_file() {
+                    let dst = tmp_path.join(f);
+                    std::fs::copy(&src, &dst).map_err(|e| ExportError::io(&src, e))?;
+                    files.push(sha256_file(&src)?);
+                }
+            }
+            for p in ck.files() {
+                files.push(sha256_file(&p)?);
+            }
+            (cfg, Box::new(ck), files)
+        };
+    let mut digest = Sha256::new();
+    let mut sorted: Vec<&SourceFile> = source_files.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    for f in sorted {
+        digest.update(f.name.as_bytes());
+        digest.update(f.sha256.as_bytes());
+    }
+
+    let mut graphs = BTreeMap::new();
+    for &prec in &opts.precisions {
+        let e = Emit {
+            act: prec.dtype(),
+            target: opts.target,
+        };
+        let sfx = prec.suffix();
+        let mut parts = BTreeMap::new();
+        let w = weights.as_ref();
+
+        progress(Progress::Begin {
+            part: format!("vision_encoder{sfx}"),
+            steps: cfg.vision.num_layers as u64,
+        });
+        let info = vision::build(
+            &onnx_dir,
+            &format!("vision_encoder{sfx}"),
+            &cfg,
+            w,
+            e,
+            &mut || progress(Progress::Step),
+        )?;
+        progress(Progress::End);
+        parts.insert("vision_encoder".to_string(), info);
+
+        progress(Progress::Begin {
+            part: format!("embed_tokens{sfx}"),
+            steps: 0,
+        });
+        let info = embed::build(&onnx_dir, &format!("embed_tokens{sfx}"), &cfg, w, e)?;
+        progress(Progress::End);
+        parts.insert("embed_tokens".to_string(), info);
+
+        progress(Progress::Begin {
+            part: format!("decoder_model_merged{sfx}"),
+            steps: cfg.text.num_layers as u64,
+        });
+        let info = decoder::build(
+            &onnx_dir,
+            &format!("decoder_model_merged{sfx}"),
+            &cfg,
+            w,
+            e,
+            &mut || progress(Progress::Step),
+        )?;
+        progress(Progress::End);
+        parts.insert("decoder_model_merged".to_string(), info);
+        graphs.insert(prec, parts);
+    }
+
+    let manifest = Manifest {
+        format: "ocrctl-export/1".into(),
+        ocrctl_version: env!("CARGO_PKG_VERSION").into(),
+        source: opts.checkpoint.clone(),
+        source_dtype: weights.source_dtype(),
+        source_files,
+        checkpoint_digest: format!("{:x}", digest.finalize()),
+        target: opts.target,
+        ir_version: crate::graph::IR_VERSION,
+        opset: OPSET,
+        precisions: opts.precisions.clone(),
+        model: cfg,
+        graphs,
+    };
+    let mpath = tmp_path.join(MANIFEST);
+    let text = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
+    std::fs::write(&mpath, text).map_err(|e| ExportError::io(&mpath, e))?;
+
+    // Swap into place: the old export (with --force) is removed only after the new one is in.
+    let old = parent.join(format!(
+        ".{}.old-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let had_old = opts.out.exists();
+    if had_old {
+        std::fs::rename(&opts.out, &old).map_err(|e| ExportError::io(&opts.out, e))?;
+    }
+    std::fs::rename(&tmp_path, &opts.out).map_err(|e| ExportError::io(&opts.out, e))?;
+    tmp.1 = true;
+    if had_old {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    Ok(manifest)
+}

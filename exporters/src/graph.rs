@@ -1,0 +1,547 @@
+//! A small typed ONNX graph builder that streams weights to an external-data file.
+//!
+//! [`Graph`] collects nodes, inputs and outputs in memory and writes every large
+//! initializer straight to `<model>.onnx_data` as it is created, so exporting a model
+//! never holds all of its weights at once. [`Graph::finish`] writes the `ModelProto`
+//! (IR version 10) with the external-data references.
+//!
+//! ```no_run
+//! use ocrctl_exporters::graph::{Graph, DType, Dim};
+//! let dir = std::path::Path::new("/tmp/g");
+//! let mut g = Graph::create(dir, "add").unwrap();
+//! let x = g.input("x", DType::F32, &[Dim::named("n")]);
+//! let one = g.scalar(DType::F32, 1.0);
+//! let y = g.op("Add", &[&x, &one], &[]);
+//! g.output(&y, "y", DType::F32, &[Dim::named("n")]);
+//! g.finish(&[("", 21)], &[]).unwrap();
+//! ```
+
+use crate::proto::Encoder;
+use crate::ExportError;
+use half::f16;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// ONNX IR version written into every model.
+pub const IR_VERSION: i64 = 10;
+/// Initializers at least this large go to the external-data file.
+pub const EXTERNAL_THRESHOLD: usize = 1024;
+/// Alignment of tensors in the external-data file (lets ONNX Runtime map them).
+pub const EXTERNAL_ALIGN: u64 = 4096;
+
+/// Element types ocrctl writes (values are `TensorProto.DataType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I64,
+    I32,
+    Bool,
+    U8,
+    /// Signed 4-bit integers, two per byte.
+    I4,
+}
+
+impl DType {
+    /// The `TensorProto.DataType` code.
+    pub fn onnx_code(self) -> i64 {
+        match self {
+            DType::F32 => 1,
+            DType::U8 => 2,
+            DType::I32 => 6,
+            DType::I64 => 7,
+            DType::Bool => 9,
+            DType::F16 => 10,
+            DType::BF16 => 16,
+            DType::I4 => 22,
+        }
+    }
+
+    /// Lower-case name used in manifests (`float32`, `float16`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::I64 => "int64",
+            DType::I32 => "int32",
+            DType::Bool => "bool",
+            DType::U8 => "uint8",
+            DType::I4 => "int4",
+        }
+    }
+
+    /// Encodes `values` as little-endian bytes of this (floating) type.
+    pub fn encode_floats(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F16 => values
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            DType::BF16 => values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            other => panic!("encode_floats called with non-float type {other:?}"),
+        }
+    }
+}
+
+/// One dimension of a graph input or output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(i64),
+    Named(String),
+}
+
+impl Dim {
+    /// A symbolic dimension such as `batch_size`.
+    pub fn named(s: &str) -> Dim {
+        Dim::Named(s.to_string())
+    }
+}
+
+/// A handle to a tensor in the graph (its name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Value(String);
+
+impl Value {
+    /// The tensor's name in the graph.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A node attribute value.
+#[derive(Debug, Clone)]
+pub enum Attr {
+    Int(i64),
+    Float(f32),
+    Ints(Vec<i64>),
+    Str(String),
+}
+
+struct Node {
+    op: String,
+    domain: String,
+    name: String,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    attrs: Vec<(String, Attr)>,
+}
+
+enum Location {
+    Inline(Vec<u8>),
+    External { offset: u64, length: u64 },
+}
+
+struct Initializer {
+    name: String,
+    dtype: DType,
+    dims: Vec<i64>,
+    location: Location,
+}
+
+struct ValueInfo {
+    name: String,
+    dtype: DType,
+    dims: Vec<Dim>,
+}
+
+/// An ONNX graph under construction, bound to `<dir>/<name>.onnx` and its data file.
+pub struct Graph {
+    dir: PathBuf,
+    file_stem: String,
+    data_name: String,
+    data: Option<BufWriter<File>>,
+    data_len: u64,
+    nodes: Vec<Node>,
+    inits: Vec<Initializer>,
+    inputs: Vec<ValueInfo>,
+    outputs: Vec<ValueInfo>,
+    scope: Vec<String>,
+    counter: usize,
+}
+
+impl Graph {
+    /// Starts a graph that will be written as `<dir>/<file_stem>.onnx` with weights in
+    /// `<dir>/<file_stem>.onnx_data`.
+    pub fn create(dir: &Path, file_stem: &str) -> Result<Graph, ExportError> {
+        Ok(Graph {
+            dir: dir.to_path_buf(),
+            file_stem: file_stem.to_string(),
+            data_name: format!("{file_stem}.onnx_data"),
+            data: None,
+            data_len: 0,
+            nodes: Vec::new(),
+            inits: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            scope: Vec::new(),
+            counter: 0,
+        })
+    }
+
+    /// Runs `f` with node names prefixed by `name/` (e.g. `layers.3/attn`).
+    pub fn scoped<R>(&mut self, name: &str, f: impl FnOnce(&mut Graph) -> R) -> R {
+        self.scope.push(name.to_string());
+        let r = f(self);
+        self.scope.pop();
+        r
+    }
+
+    fn fresh(&mut self, hint: &str) -> String {
+        self.counter += 1;
+        if self.scope.is_empty() {
+            format!("{hint}_{}", self.counter)
+        } else {
+            format!("{}/{hint}_{}", self.scope.join("/"), self.counter)
+        }
+    }
+
+    /// Declares a graph input.
+    pub fn input(&mut self, name: &str, dtype: DType, dims: &[Dim]) -> Value {
+        self.inputs.push(ValueInfo {
+            name: name.to_string(),
+            dtype,
+            dims: dims.to_vec(),
+        });
+        Value(name.to_string())
+    }
+
+    /// Declares `v` as a graph output called `name` (through an `Identity` when renamed).
+    pub fn output(&mut self, v: &Value, name: &str, dtype: DType, dims: &[Dim]) {
+        if v.0 != name {
+            self.push_node("Identity", "", &[v], vec![name.to_string()], &[]);
+        }
+        self.outputs.push(ValueInfo {
+            name: name.to_string(),
+            dtype,
+            dims: dims.to_vec(),
+        });
+    }
+
+    fn push_node(
+        &mut self,
+        op: &str,
+        domain: &str,
+        inputs: &[&Value],
+        outputs: Vec<String>,
+        attrs: &[(&str, Attr)],
+    ) {
+        let name = self.fresh(op);
+        self.nodes.push(Node {
+            op: op.to_string(),
+            domain: domain.to_string(),
+            name,
+            inputs: inputs.iter().map(|v| v.0.clone()).collect(),
+            outputs,
+            attrs: attrs
+                .iter()
+                .map(|(k, a)| (k.to_string(), a.clone()))
+                .collect(),
+        });
+    }
+
+    /// Adds a standard-domain node with one output.
+    pub fn op(&mut self, op: &str, inputs: &[&Value], attrs: &[(&str, Attr)]) -> Value {
+        self.op_in("", op, inputs, attrs)
+    }
+
+    /// Adds a node of `domain` (e.g. `com.microsoft`) with one output.
+    pub fn op_in(
+        &mut self,
+        domain: &str,
+        op: &str,
+        inputs: &[&Value],
+        attrs: &[(&str, Attr)],
+    ) -> Value {
+        let out = self.fresh(&op.to_lowercase());
+        self.push_node(op, domain, inputs, vec![out.clone()], attrs);
+        Value(out)
+    }
+
+    /// Adds a standard-domain node with `n` outputs.
+    pub fn op_multi(
+        &mut self,
+        op: &str,
+        inputs: &[&Value],
+        attrs: &[(&str, Attr)],
+        n: usize,
+    ) -> Vec<Value> {
+        let outs: Vec<String> = (0..n).map(|_| self.fresh(&op.to_lowercase())).collect();
+        self.push_node(op, "", inputs, outs.clone(), attrs);
+        outs.into_iter().map(Value).collect()
+    }
+
+    /// Adds an initializer from raw little-endian bytes; large ones are streamed to the
+    /// external-data file immediately.
+    pub fn initializer(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        dims: &[i64],
+        bytes: Vec<u8>,
+    ) -> Result<Value, ExportError> {
+        let location = if bytes.len() >= EXTERNAL_THRESHOLD {
+            let (offset, length) = self.append_external(&bytes)?;
+            Location::External { offset, length }
+        } else {
+            Location::Inline(bytes)
+        };
+        self.inits.push(Initializer {
+            name: name.to_string(),
+            dtype,
+            dims: dims.to_vec(),
+            location,
+        });
+        Ok(Value(name.to_string()))
+    }
+
+    fn append_external(&mut self, bytes: &[u8]) -> Result<(u64, u64), ExportError> {
+        let path = self.dir.join(&self.data_name);
+        if self.data.is_none() {
+            let f = File::create(&path).map_err(|e| ExportError::io(&path, e))?;
+            self.data = Some(BufWriter::with_capacity(1 << 20, f));
+        }
+        let w = self.data.as_mut().expect("data file opened above");
+        let pad = (EXTERNAL_ALIGN - self.data_len % EXTERNAL_ALIGN) % EXTERNAL_ALIGN;
+        w.write_all(&vec![0u8; pad as usize])
+            .and_then(|_| w.write_all(bytes))
+            .map_err(|e| ExportError::io(&path, e))?;
+        let offset = self.data_len + pad;
+        self.data_len = offset + bytes.len() as u64;
+        Ok((offset, bytes.len() as u64))
+    }
+
+    /// A float initializer from `f32` values, stored as `dtype`.
+    pub fn weight(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        dims: &[i64],
+        values: &[f32],
+    ) -> Result<Value, ExportError> {
+        let bytes = dtype.encode_floats(values);
+        self.initializer(name, dtype, dims, bytes)
+    }
+
+    /// A 1-D `int64` constant.
+    pub fn const_i64(&mut self, values: &[i64]) -> Value {
+        let name = self.fresh("const");
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.initializer(&name, DType::I64, &[values.len() as i64], bytes)
+            .expect("small constants are stored inline")
+    }
+
+    /// A 0-D (scalar) constant of a float type.
+    pub fn scalar(&mut self, dtype: DType, v: f32) -> Value {
+        let name = self.fresh("scalar");
+        let bytes = dtype.encode_floats(&[v]);
+        self.initializer(&name, dtype, &[], bytes)
+            .expect("small constants are stored inline")
+    }
+
+    /// A 0-D `int64` constant.
+    pub fn scalar_i64(&mut self, v: i64) -> Value {
+        let name = self.fresh("scalar");
+        self.initializer(&name, DType::I64, &[], v.to_le_bytes().to_vec())
+            .expect("small constants are stored inline")
+    }
+
+    /// Number of nodes so far, by operator type (for reports and tests).
+    pub fn op_counts(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for n in &self.nodes {
+            let key = if n.domain.is_empty() {
+                n.op.clone()
+            } else {
+                format!("{}.{}", n.domain, n.op)
+            };
+            *m.entry(key).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Writes `<dir>/<stem>.onnx` (and flushes the data file). Returns what was written.
+    pub fn finish(
+        mut self,
+        opsets: &[(&str, i64)],
+        metadata: &[(String, String)],
+    ) -> Result<GraphInfo, ExportError> {
+        if let Some(mut w) = self.data.take() {
+            let path = self.dir.join(&self.data_name);
+            w.flush().map_err(|e| ExportError::io(&path, e))?;
+            w.into_inner()
+                .map_err(|e| ExportError::io(&path, e.into_error()))?
+                .sync_all()
+                .map_err(|e| ExportError::io(&path, e))?;
+        }
+        let mut graph = Encoder::default();
+        for n in &self.nodes {
+            graph.message(1, encode_node(n));
+        }
+        graph.string(2, &self.file_stem);
+        for i in &self.inits {
+            graph.message(5, encode_initializer(i, &self.data_name));
+        }
+        for v in &self.inputs {
+            graph.message(11, encode_value_info(v));
+        }
+        for v in &self.outputs {
+            graph.message(12, encode_value_info(v));
+        }
+        let mut model = Encoder::default();
+        model.int64(1, IR_VERSION);
+        model.string(2, "ocrctl");
+        model.string(3, env!("CARGO_PKG_VERSION"));
+        model.message(7, graph);
+        for (domain, version) in opsets {
+            let mut o = Encoder::default();
+            o.string(1, domain);
+            o.int64(2, *version);
+            model.message(8, o);
+        }
+        for (k, v) in metadata {
+            let mut e = Encoder::default();
+            e.string(1, k);
+            e.string(2, v);
+            model.message(14, e);
+        }
+        let path = self.dir.join(format!("{}.onnx", self.file_stem));
+        std::fs::write(&path, model.into_bytes()).map_err(|e| ExportError::io(&path, e))?;
+        let io = |v: &Vec<ValueInfo>| {
+            v.iter()
+                .map(|i| IoInfo {
+                    name: i.name.clone(),
+                    dtype: i.dtype.name().to_string(),
+                    shape: i
+                        .dims
+                        .iter()
+                        .map(|d| match d {
+                            Dim::Fixed(n) => n.to_string(),
+                            Dim::Named(s) => s.clone(),
+                        })
+                        .collect(),
+                })
+                .collect()
+        };
+        Ok(GraphInfo {
+            file: format!("{}.onnx", self.file_stem),
+            data_file: (self.data_len > 0).then(|| self.data_name.clone()),
+            data_bytes: self.data_len,
+            inputs: io(&self.inputs),
+            outputs: io(&self.outputs),
+            op_counts: self.op_counts(),
+        })
+    }
+}
+
+/// One graph input or output as recorded in the manifest.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct IoInfo {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<String>,
+}
+
+/// What [`Graph::finish`] wrote.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct GraphInfo {
+    /// File name of the `.onnx` model (relative to its directory).
+    pub file: String,
+    /// File name of the external data, if any.
+    pub data_file: Option<String>,
+    pub data_bytes: u64,
+    pub inputs: Vec<IoInfo>,
+    pub outputs: Vec<IoInfo>,
+    /// Node count per operator (`com.microsoft.X` for contrib ops).
+    pub op_counts: std::collections::BTreeMap<String, usize>,
+}
+
+fn encode_node(n: &Node) -> Encoder {
+    let mut e = Encoder::default();
+    for i in &n.inputs {
+        e.string(1, i);
+    }
+    for o in &n.outputs {
+        e.string(2, o);
+    }
+    e.string(3, &n.name);
+    e.string(4, &n.op);
+    for (name, a) in &n.attrs {
+        let mut ae = Encoder::default();
+        ae.string(1, name);
+        match a {
+            Attr::Float(f) => {
+                ae.float(2, *f);
+                ae.int64(20, 1);
+            }
+            Attr::Int(i) => {
+                ae.int64(3, *i);
+                ae.int64(20, 2);
+            }
+            Attr::Str(s) => {
+                ae.string(4, s);
+                ae.int64(20, 3);
+            }
+            Attr::Ints(v) => {
+                ae.packed_int64(8, v);
+                ae.int64(20, 7);
+            }
+        }
+        e.message(5, ae);
+    }
+    if !n.domain.is_empty() {
+        e.string(7, &n.domain);
+    }
+    e
+}
+
+fn encode_initializer(i: &Initializer, data_name: &str) -> Encoder {
+    let mut e = Encoder::default();
+    e.packed_int64(1, &i.dims);
+    e.int64(2, i.dtype.onnx_code());
+    e.string(8, &i.name);
+    match &i.location {
+        Location::Inline(bytes) => e.bytes(9, bytes),
+        Location::External { offset, length } => {
+            for (k, v) in [
+                ("location", data_name.to_string()),
+                ("offset", offset.to_string()),
+                ("length", length.to_string()),
+            ] {
+                let mut kv = Encoder::default();
+                kv.string(1, k);
+                kv.string(2, &v);
+                e.message(13, kv);
+            }
+            e.int64(14, 1);
+        }
+    }
+    e
+}
+
+fn encode_value_info(v: &ValueInfo) -> Encoder {
+    let mut shape = Encoder::default();
+    for d in &v.dims {
+        let mut de = Encoder::default();
+        match d {
+            Dim::Fixed(n) => de.int64(1, *n),
+            Dim::Named(s) => de.string(2, s),
+        }
+        shape.message(1, de);
+    }
+    let mut tensor = Encoder::default();
+    tensor.int64(1, v.dtype.onnx_code());
+    tensor.message(2, shape);
+    let mut ty = Encoder::default();
+    ty.message(1, tensor);
+    let mut e = Encoder::default();
+    e.string(1, &v.name);
+    e.message(2, ty);
+    e
+}

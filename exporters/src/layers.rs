@@ -1,0 +1,303 @@
+//! The one place where Linear, RMSNorm, RoPE, activations and attention become ONNX nodes.
+//!
+//! Every model part calls these helpers, so switching [`Target`] switches the whole export:
+//! - [`Target::TensorRt`]: standard ONNX ops only (what the onnx-tensorrt parser accepts).
+//! - [`Target::Ort`]: ONNX Runtime's fused contrib ops where they help on CUDA/CPU
+//!   (`SimplifiedLayerNormalization`, `com.microsoft.MultiHeadAttention` for the vision
+//!   encoder's unmasked attention, which avoids materialising S×S scores per head).
+//!
+//! Numerics follow transformers: norms are computed in float32 and cast back before the
+//! weight multiply; attention softmax runs in float32.
+
+use crate::checkpoint::Weights;
+use crate::graph::{Attr, DType, Graph, Value};
+use crate::ExportError;
+use serde::{Deserialize, Serialize};
+
+/// Which runtime the graphs are written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// Standard ONNX ops only: TensorRT, and any ONNX runtime.
+    #[serde(rename = "tensorrt")]
+    TensorRt,
+    /// ONNX Runtime's CPU and CUDA providers, with `com.microsoft` fused ops.
+    Ort,
+}
+
+/// How a graph is emitted: activation dtype and target.
+#[derive(Debug, Clone, Copy)]
+pub struct Emit {
+    /// Activation and weight dtype (`F32` or `F16`).
+    pub act: DType,
+    pub target: Target,
+}
+
+/// Most negative finite f32: masked scores (a fully masked row stays finite, never NaN).
+pub const MASK_MIN: f32 = f32::MIN;
+
+/// Writes `W` (PyTorch layout `[out, in]`) transposed to `[in, out]` and multiplies.
+pub fn linear(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    x: &Value,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<Value, ExportError> {
+    let wt = transposed_weight(g, e, w, name, out, inp)?;
+    Ok(g.op("MatMul", &[x, &wt], &[]))
+}
+
+/// Loads `[out, in]` and writes it as an `[in, out]` initializer named `name`.
+pub fn transposed_weight(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<Value, ExportError> {
+    let v = w.get(name, &[out, inp])?;
+    let mut t = vec![0f32; v.len()];
+    for o in 0..out {
+        for i in 0..inp {
+            t[i * out + o] = v[o * inp + i];
+        }
+    }
+    g.weight(name, e.act, &[inp as i64, out as i64], &t)
+}
+
+/// A 1-D weight such as a norm scale.
+pub fn vector(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    name: &str,
+    len: usize,
+) -> Result<Value, ExportError> {
+    let v = w.get(name, &[len])?;
+    g.weight(name, e.act, &[len as i64], &v)
+}
+
+/// Casts `x` from `from` to `to` when they differ.
+pub fn cast(g: &mut Graph, x: &Value, from: DType, to: DType) -> Value {
+    if from == to {
+        x.clone()
+    } else {
+        g.op("Cast", &[x], &[("to", Attr::Int(to.onnx_code()))])
+    }
+}
+
+/// RMSNorm over the last axis: `w * cast(x / sqrt(mean(x²) + eps))` computed in float32.
+pub fn rms_norm(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    x: &Value,
+    name: &str,
+    len: usize,
+    eps: f64,
+) -> Result<Value, ExportError> {
+    let scale = vector(g, e, w, name, len)?;
+    if e.target == Target::Ort {
+        return Ok(g.op(
+            "SimplifiedLayerNormalization",
+            &[x, &scale],
+            &[
+                ("axis", Attr::Int(-1)),
+                ("epsilon", Attr::Float(eps as f32)),
+                ("stash_type", Attr::Int(1)),
+            ],
+        ));
+    }
+    let xf = cast(g, x, e.act, DType::F32);
+    let sq = g.op("Mul", &[&xf, &xf], &[]);
+    let axes = g.const_i64(&[-1]);
+    let ms = g.op("ReduceMean", &[&sq, &axes], &[("keepdims", Attr::Int(1))]);
+    let epsv = g.scalar(DType::F32, eps as f32);
+    let var = g.op("Add", &[&ms, &epsv], &[]);
+    let rms = g.op("Sqrt", &[&var], &[]);
+    let normed = g.op("Div", &[&xf, &rms], &[]);
+    let normed = cast(g, &normed, DType::F32, e.act);
+    Ok(g.op("Mul", &[&normed, &scale], &[]))
+}
+
+/// `x * sigmoid(x)`.
+pub fn silu(g: &mut Graph, x: &Value) -> Value {
+    let s = g.op("Sigmoid", &[x], &[]);
+    g.op("Mul", &[x, &s], &[])
+}
+
+/// Exact (erf) GELU: `0.5·x·(1 + erf(x/√2))`.
+pub fn gelu(g: &mut Graph, e: Emit, x: &Value) -> Value {
+    let inv_sqrt2 = g.scalar(e.act, std::f32::consts::FRAC_1_SQRT_2);
+    let half = g.scalar(e.act, 0.5);
+    let one = g.scalar(e.act, 1.0);
+    let xs = g.op("Mul", &[x, &inv_sqrt2], &[]);
+    let erf = g.op("Erf", &[&xs], &[]);
+    let p = g.op("Add", &[&erf, &one], &[]);
+    let hx = g.op("Mul", &[x, &half], &[]);
+    g.op("Mul", &[&hx, &p], &[])
+}
+
+/// SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+pub fn swiglu(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    x: &Value,
+    prefix: &str,
+    hidden: usize,
+    inter: usize,
+) -> Result<Value, ExportError> {
+    let gate = linear(
+        g,
+        e,
+        w,
+        x,
+        &format!("{prefix}.gate_proj.weight"),
+        inter,
+        hidden,
+    )?;
+    let up = linear(
+        g,
+        e,
+        w,
+        x,
+        &format!("{prefix}.up_proj.weight"),
+        inter,
+        hidden,
+    )?;
+    let act = silu(g, &gate);
+    let h = g.op("Mul", &[&act, &up], &[]);
+    linear(
+        g,
+        e,
+        w,
+        &h,
+        &format!("{prefix}.down_proj.weight"),
+        hidden,
+        inter,
+    )
+}
+
+/// Rotary embedding in the rotate-half convention: `x·cos + rotate_half(x)·sin`, where
+/// `rotate_half([a, b]) = [-b, a]` over the last axis. `cos`/`sin` must broadcast to `x`.
+pub fn rope(g: &mut Graph, x: &Value, cos: &Value, sin: &Value) -> Value {
+    let halves = g.op_multi(
+        "Split",
+        &[x],
+        &[("axis", Attr::Int(-1)), ("num_outputs", Attr::Int(2))],
+        2,
+    );
+    let neg = g.op("Neg", &[&halves[1]], &[]);
+    let rot = g.op("Concat", &[&neg, &halves[0]], &[("axis", Attr::Int(-1))]);
+    let a = g.op("Mul", &[x, cos], &[]);
+    let b = g.op("Mul", &[&rot, sin], &[]);
+    g.op("Add", &[&a, &b], &[])
+}
+
+/// Scaled dot-product attention on BNSH tensors with standard ops.
+///
+/// `q`: `[B, heads, S, d]`; `k`, `v`: `[B, kv_heads, T, d]`; `mask`: optional bool
+/// `[B|1, 1, S, T]` (true = may attend). Returns `[B, S, heads·d]`.
+pub fn attention_bnsh(
+    g: &mut Graph,
+    e: Emit,
+    q: &Value,
+    k: &Value,
+    v: &Value,
+    mask: Option<&Value>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Value {
+    let rep = heads / kv_heads;
+    let (k, v) = if rep > 1 {
+        let axes = g.const_i64(&[2]);
+        let reps = g.const_i64(&[1, 1, rep as i64, 1, 1]);
+        let shape = g.const_i64(&[0, heads as i64, -1, head_dim as i64]);
+        let k5 = g.op("Unsqueeze", &[k, &axes], &[]);
+        let k5 = g.op("Expand", &[&k5, &reps], &[]);
+        let v5 = g.op("Unsqueeze", &[v, &axes], &[]);
+        let v5 = g.op("Expand", &[&v5, &reps], &[]);
+        (
+            g.op("Reshape", &[&k5, &shape], &[]),
+            g.op("Reshape", &[&v5, &shape], &[]),
+        )
+    } else {
+        (k.clone(), v.clone())
+    };
+    let kt = g.op(
+        "Transpose",
+        &[&k],
+        &[("perm", Attr::Ints(vec![0, 1, 3, 2]))],
+    );
+    let scores = g.op("MatMul", &[q, &kt], &[]);
+    let scores = cast(g, &scores, e.act, DType::F32);
+    let scale = g.scalar(DType::F32, (head_dim as f32).powf(-0.5));
+    let scores = g.op("Mul", &[&scores, &scale], &[]);
+    let scores = match mask {
+        Some(m) => {
+            let min = g.scalar(DType::F32, MASK_MIN);
+            g.op("Where", &[m, &scores, &min], &[])
+        }
+        None => scores,
+    };
+    let probs = g.op("Softmax", &[&scores], &[("axis", Attr::Int(-1))]);
+    let probs = cast(g, &probs, DType::F32, e.act);
+    let ctx = g.op("MatMul", &[&probs, &v], &[]);
+    let ctx = g.op(
+        "Transpose",
+        &[&ctx],
+        &[("perm", Attr::Ints(vec![0, 2, 1, 3]))],
+    );
+    let shape = g.const_i64(&[0, 0, (heads * head_dim) as i64]);
+    g.op("Reshape", &[&ctx, &shape], &[])
+}
+
+/// Unmasked self-attention for the vision encoder on BSNH inputs `[1, S, heads, d]`
+/// (after RoPE). Returns `[1, S, heads·d]`. Uses `com.microsoft.MultiHeadAttention` for
+/// [`Target::Ort`], standard ops otherwise.
+pub fn vision_attention(
+    g: &mut Graph,
+    e: Emit,
+    q: &Value,
+    k: &Value,
+    v: &Value,
+    heads: usize,
+    head_dim: usize,
+) -> Value {
+    if e.target == Target::Ort {
+        let shape = g.const_i64(&[0, 0, (heads * head_dim) as i64]);
+        let q3 = g.op("Reshape", &[q, &shape], &[]);
+        let k3 = g.op("Reshape", &[k, &shape], &[]);
+        let v3 = g.op("Reshape", &[v, &shape], &[]);
+        return g.op_in(
+            "com.microsoft",
+            "MultiHeadAttention",
+            &[&q3, &k3, &v3],
+            &[
+                ("num_heads", Attr::Int(heads as i64)),
+                ("scale", Attr::Float((head_dim as f32).powf(-0.5))),
+            ],
+        );
+    }
+    let perm = [("perm", Attr::Ints(vec![0, 2, 1, 3]))];
+    let qt = g.op("Transpose", &[q], &perm);
+    let kt = g.op("Transpose", &[k], &perm);
+    let vt = g.op("Transpose", &[v], &perm);
+    attention_bnsh(g, e, &qt, &kt, &vt, None, heads, heads, head_dim)
+}
+
+/// `inv_freq[i] = 1 / θ^(2i/dim)` for `i < dim/2`, in float32 as transformers computes it.
+pub fn inv_freq(theta: f64, dim: usize) -> Vec<f32> {
+    (0..dim / 2)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / dim as f32;
+            1.0f32 / (theta as f32).powf(exponent)
+        })
+        .collect()
+}

@@ -1,0 +1,302 @@
+//! `vision_encoder.onnx`: Pixtral encoder + LightOnOCR projector, one image per call.
+//!
+//! `pixel_values [1, C, H, W]` → `image_features [N, text_hidden]`, N = (H/28)·(W/28).
+//! Ports transformers' `pixtral/modeling_pixtral.py` (`PixtralVisionModel`,
+//! `PixtralRotaryEmbedding`) and `lighton_ocr/modeling_lighton_ocr.py`
+//! (`LightOnOcrMultiModalProjector`, `LightOnOcrPatchMerger`).
+//!
+//! 2-D RoPE is an explicit cos/sin table of `max_side² × head_dim` gathered by the position
+//! id `row·max_side + col` (never ORT's fused rotary op, which mishandles this layout).
+
+use crate::checkpoint::Weights;
+use crate::config::ModelConfig;
+use crate::graph::{Attr, Dim, Graph, Value};
+use crate::layers::{self, Emit};
+use crate::ExportError;
+
+/// Prefix of the Pixtral weights in a LightOnOCR checkpoint.
+pub const ENCODER: &str = "model.vision_encoder";
+/// Prefix of the projector weights.
+pub const PROJECTOR: &str = "model.vision_projection";
+
+/// The Pixtral 2-D RoPE angles: row `r` uses the even-indexed frequencies, column `c` the
+/// odd-indexed ones; each position's `head_dim/2` angles are duplicated to `head_dim`.
+/// Returns `(cos, sin)`, each `[max_side², head_dim]` row-major, indexed by `r·max_side + c`.
+pub fn pixtral_rope_table(theta: f64, head_dim: usize, max_side: usize) -> (Vec<f32>, Vec<f32>) {
+    let freqs = layers::inv_freq(theta, head_dim);
+    let even: Vec<f32> = freqs.iter().step_by(2).copied().collect();
+    let odd: Vec<f32> = freqs.iter().skip(1).step_by(2).copied().collect();
+    let n = max_side * max_side;
+    let mut cos = Vec::with_capacity(n * head_dim);
+    let mut sin = Vec::with_capacity(n * head_dim);
+    let mut angles = Vec::with_capacity(head_dim / 2);
+    for r in 0..max_side {
+        for c in 0..max_side {
+            angles.clear();
+            angles.extend(even.iter().map(|f| r as f32 * f));
+            angles.extend(odd.iter().map(|f| c as f32 * f));
+            for _ in 0..2 {
+                cos.extend(angles.iter().map(|a| (*a as f64).cos() as f32));
+                sin.extend(angles.iter().map(|a| (*a as f64).sin() as f32));
+            }
+        }
+    }
+    (cos, sin)
+}
+
+/// Builds `<dir>/<stem>.onnx`. `step` is called once per transformer layer.
+pub fn build(
+    dir: &std::path::Path,
+    stem: &str,
+    cfg: &ModelConfig,
+    w: &dyn Weights,
+    e: Emit,
+    step: &mut dyn FnMut(),
+) -> Result<crate::graph::GraphInfo, ExportError> {
+    let v = &cfg.vision;
+    let d = v.hidden_size;
+    let p = v.patch_size;
+    let mut g = Graph::create(dir, stem)?;
+    let pix = g.input(
+        "pixel_values",
+        e.act,
+        &[
+            Dim::Fixed(1),
+            Dim::Fixed(v.num_channels as i64),
+            Dim::named("height"),
+            Dim::named("width"),
+        ],
+    );
+
+    // Patch embedding: Conv(kernel = stride = patch), no bias → [1, D, h, w].
+    let conv_w = w.get(
+        &format!("{ENCODER}.patch_conv.weight"),
+        &[d, v.num_channels, p, p],
+    )?;
+    let conv_w = g.weight(
+        &format!("{ENCODER}.patch_conv.weight"),
+        e.act,
+        &[d as i64, v.num_channels as i64, p as i64, p as i64],
+        &conv_w,
+    )?;
+    let conv = g.op(
+        "Conv",
+        &[&pix, &conv_w],
+        &[
+            ("kernel_shape", Attr::Ints(vec![p as i64, p as i64])),
+            ("strides", Attr::Ints(vec![p as i64, p as i64])),
+        ],
+    );
+    let h = g.op(
+        "Shape",
+        &[&conv],
+        &[("start", Attr::Int(2)), ("end", Attr::Int(3))],
+    );
+    let wd = g.op(
+        "Shape",
+        &[&conv],
+        &[("start", Attr::Int(3)), ("end", Attr::Int(4))],
+    );
+    let flat_shape = g.const_i64(&[1, d as i64, -1]);
+    let x = g.op("Reshape", &[&conv, &flat_shape], &[]);
+    let mut x = g.op("Transpose", &[&x], &[("perm", Attr::Ints(vec![0, 2, 1]))]);
+
+    // Position ids row·max_side + col, row-major over the patch grid.
+    let max_side = v.max_patches_per_side();
+    let (cos_t, sin_t) = pixtral_rope_table(v.rope_theta, v.head_dim, max_side);
+    let table_dims = [(max_side * max_side) as i64, v.head_dim as i64];
+    let cos_t = g.weight("vision_rope_cos", e.act, &table_dims, &cos_t)?;
+    let sin_t = g.weight("vision_rope_sin", e.act, &table_dims, &sin_t)?;
+    let zero = g.scalar_i64(0);
+    let one = g.scalar_i64(1);
+    let h_s = g.op("Squeeze", &[&h], &[]);
+    let w_s = g.op("Squeeze", &[&wd], &[]);
+    let rows = g.op("Range", &[&zero, &h_s, &one], &[]);
+    let cols = g.op("Range", &[&zero, &w_s, &one], &[]);
+    let ax1 = g.const_i64(&[1]);
+    let ax0 = g.const_i64(&[0]);
+    let rows = g.op("Unsqueeze", &[&rows, &ax1], &[]);
+    let cols = g.op("Unsqueeze", &[&cols, &ax0], &[]);
+    let side = g.scalar_i64(max_side as i64);
+    let rows = g.op("Mul", &[&rows, &side], &[]);
+    let pos = g.op("Add", &[&rows, &cols], &[]);
+    let minus_one = g.const_i64(&[-1]);
+    let pos = g.op("Reshape", &[&pos, &minus_one], &[]);
+    let cos = g.op("Gather", &[&cos_t, &pos], &[("axis", Attr::Int(0))]);
+    let sin = g.op("Gather", &[&sin_t, &pos], &[("axis", Attr::Int(0))]);
+    // [S, d] → [S, 1, d] to broadcast over heads in the BSNH layout.
+    let cos = g.op("Unsqueeze", &[&cos, &ax1], &[]);
+    let sin = g.op("Unsqueeze", &[&sin, &ax1], &[]);
+
+    x = layers::rms_norm(
+        &mut g,
+        e,
+        w,
+        &x,
+        &format!("{ENCODER}.ln_pre.weight"),
+        d,
+        v.rms_norm_eps,
+    )?;
+    let bsnh = g.const_i64(&[0, 0, v.num_heads as i64, v.head_dim as i64]);
+    let inner = v.num_heads * v.head_dim;
+    for i in 0..v.num_layers {
+        let pre = format!("{ENCODER}.transformer.layers.{i}");
+        x = g.scoped(
+            &format!("vision.layers.{i}"),
+            |g| -> Result<Value, ExportError> {
+                let hn = layers::rms_norm(
+                    g,
+                    e,
+                    w,
+                    &x,
+                    &format!("{pre}.attention_norm.weight"),
+                    d,
+                    v.rms_norm_eps,
+                )?;
+                let mut qkv = Vec::new();
+                for n in ["q", "k", "v"] {
+                    let t = layers::linear(
+                        g,
+                        e,
+                        w,
+                        &hn,
+                        &format!("{pre}.attention.{n}_proj.weight"),
+                        inner,
+                        d,
+                    )?;
+                    qkv.push(g.op("Reshape", &[&t, &bsnh], &[]));
+                }
+                let q = layers::rope(g, &qkv[0], &cos, &sin);
+                let k = layers::rope(g, &qkv[1], &cos, &sin);
+                let a = layers::vision_attention(g, e, &q, &k, &qkv[2], v.num_heads, v.head_dim);
+                let o = layers::linear(
+                    g,
+                    e,
+                    w,
+                    &a,
+                    &format!("{pre}.attention.o_proj.weight"),
+                    d,
+                    inner,
+                )?;
+                let x1 = g.op("Add", &[&x, &o], &[]);
+                let hn = layers::rms_norm(
+                    g,
+                    e,
+                    w,
+                    &x1,
+                    &format!("{pre}.ffn_norm.weight"),
+                    d,
+                    v.rms_norm_eps,
+                )?;
+                let m = layers::swiglu(
+                    g,
+                    e,
+                    w,
+                    &hn,
+                    &format!("{pre}.feed_forward"),
+                    d,
+                    v.intermediate_size,
+                )?;
+                Ok(g.op("Add", &[&x1, &m], &[]))
+            },
+        )?;
+        step();
+    }
+
+    let feats = g.scoped("projector", |g| projector(g, e, cfg, w, &x, &h, &wd))?;
+    g.output(
+        &feats,
+        "image_features",
+        e.act,
+        &[
+            Dim::named("num_image_tokens"),
+            Dim::Fixed(cfg.text.hidden_size as i64),
+        ],
+    );
+    g.finish(&[("", 21), ("com.microsoft", 1)], &[])
+}
+
+/// RMSNorm → 2×2 channel-major unfold → merging Linear → Linear → GELU → Linear.
+fn projector(
+    g: &mut Graph,
+    e: Emit,
+    cfg: &ModelConfig,
+    w: &dyn Weights,
+    x: &Value,
+    h: &Value,
+    wd: &Value,
+) -> Result<Value, ExportError> {
+    let d = cfg.vision.hidden_size;
+    let m = cfg.spatial_merge_size as i64;
+    let dt = cfg.text.hidden_size;
+    let x = layers::rms_norm(
+        g,
+        e,
+        w,
+        x,
+        &format!("{PROJECTOR}.norm.weight"),
+        d,
+        cfg.projector_rms_norm_eps,
+    )?;
+    // [1, h·w, D] → [h, w, D], cropped to even sides as torch's unfold does (floor).
+    let dvec = g.const_i64(&[d as i64]);
+    let grid_shape = g.op("Concat", &[h, wd, &dvec], &[("axis", Attr::Int(0))]);
+    let grid = g.op("Reshape", &[&x, &grid_shape], &[]);
+    let mv = g.const_i64(&[m]);
+    let h2 = g.op("Div", &[h, &mv], &[]);
+    let w2 = g.op("Div", &[wd, &mv], &[]);
+    let hc = g.op("Mul", &[&h2, &mv], &[]);
+    let wc = g.op("Mul", &[&w2, &mv], &[]);
+    let starts = g.const_i64(&[0, 0]);
+    let ends = g.op("Concat", &[&hc, &wc], &[("axis", Attr::Int(0))]);
+    let axes = g.const_i64(&[0, 1]);
+    let grid = g.op("Slice", &[&grid, &starts, &ends, &axes], &[]);
+    // [h2, m, w2, m, D] → [h2, w2, D, m, m] → [h2·w2, D·m²]: feature index c·m² + i·m + j.
+    let split_shape = g.op(
+        "Concat",
+        &[&h2, &mv, &w2, &mv, &dvec],
+        &[("axis", Attr::Int(0))],
+    );
+    let grid = g.op("Reshape", &[&grid, &split_shape], &[]);
+    let grid = g.op(
+        "Transpose",
+        &[&grid],
+        &[("perm", Attr::Ints(vec![0, 2, 4, 1, 3]))],
+    );
+    let merged_shape = g.const_i64(&[-1, d as i64 * m * m]);
+    let merged = g.op("Reshape", &[&grid, &merged_shape], &[]);
+    let k = d * (m * m) as usize;
+    let y = layers::linear(
+        g,
+        e,
+        w,
+        &merged,
+        &format!("{PROJECTOR}.patch_merger.merging_layer.weight"),
+        d,
+        k,
+    )?;
+    let y = layers::linear(g, e, w, &y, &format!("{PROJECTOR}.linear_1.weight"), dt, d)?;
+    let y = layers::gelu(g, e, &y);
+    layers::linear(g, e, w, &y, &format!("{PROJECTOR}.linear_2.weight"), dt, dt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_table_uses_even_freqs_for_rows_and_odd_for_columns() {
+        let (cos, sin) = pixtral_rope_table(10000.0, 8, 3);
+        let f = layers::inv_freq(10000.0, 8); // 4 frequencies
+        let at = |r: usize, c: usize| ((r * 3 + c) * 8, ());
+        let (i, _) = at(2, 1);
+        let expect = [2.0 * f[0], 2.0 * f[2], 1.0 * f[1], 1.0 * f[3]];
+        for (j, a) in expect.iter().enumerate() {
+            assert!((sin[i + j] - a.sin()).abs() < 1e-6);
+            assert!((sin[i + 4 + j] - a.sin()).abs() < 1e-6, "duplicated half");
+            assert!((cos[i + j] - a.cos()).abs() < 1e-6);
+        }
+        // Position (0, 0) has zero angles everywhere.
+        assert!(cos[..8].iter().all(|c| *c == 1.0) && sin[..8].iter().all(|s| *s == 0.0));
+    }
+}

@@ -1,0 +1,91 @@
+//! `ocrctl export`: the CLI face of [`ocrctl_exporters::export`], with progress bars.
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use ocrctl_exporters::export::{export, ExportOptions, Precision, Progress};
+use ocrctl_exporters::layers::Target;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Arguments of `ocrctl export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Checkpoint directory (config.json, model.safetensors or shards, tokenizer files), or
+    /// `dummy:lightonocr-2-1b` / `dummy:tiny` for random weights with those shapes.
+    #[arg(long)]
+    checkpoint: String,
+    /// Output directory (must not exist unless --force).
+    #[arg(long)]
+    out: PathBuf,
+    /// Precisions to write, comma-separated: fp32, fp16.
+    #[arg(long, default_value = "fp32", value_delimiter = ',')]
+    precision: Vec<String>,
+    /// Runtime the graphs are for: `ort` (ONNX Runtime CPU/CUDA, fused contrib ops) or
+    /// `tensorrt` (standard ONNX ops only).
+    #[arg(long, default_value = "ort", value_parser = parse_target)]
+    target: Target,
+    /// Replace an existing output directory (only once the new export is complete).
+    #[arg(long)]
+    force: bool,
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    match s {
+        "ort" => Ok(Target::Ort),
+        "tensorrt" | "trt" => Ok(Target::TensorRt),
+        other => Err(format!("unknown target `{other}` (expected ort or tensorrt)")),
+    }
+}
+
+/// Runs the export and prints a summary of what was written.
+pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
+    let mut precisions = Vec::new();
+    for p in &a.precision {
+        let p = Precision::parse(p.trim()).context("--precision")?;
+        if !precisions.contains(&p) {
+            precisions.push(p);
+        }
+    }
+    let opts = ExportOptions { checkpoint: a.checkpoint, out: a.out.clone(), precisions, target: a.target, force: a.force };
+    let start = Instant::now();
+    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} layers {elapsed}")
+        .expect("valid template")
+        .progress_chars("=> ");
+    let mut bar: Option<ProgressBar> = None;
+    let manifest = export(&opts, &mut |ev| match ev {
+        Progress::Begin { part, steps } => {
+            let b = ProgressBar::new(steps).with_style(style.clone()).with_prefix(part);
+            bar = Some(b);
+        }
+        Progress::Step => {
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+        }
+        Progress::End => {
+            if let Some(b) = bar.take() {
+                b.finish();
+            }
+        }
+    })?;
+    let mut total = 0u64;
+    for (prec, parts) in &manifest.graphs {
+        for info in parts.values() {
+            let onnx = a.out.join("onnx").join(&info.file);
+            let size = std::fs::metadata(&onnx).map(|m| m.len()).unwrap_or(0) + info.data_bytes;
+            total += size;
+            println!("{:<6} {:<40} {:>10.1} MB", prec.name(), info.file, size as f64 / 1e6);
+        }
+    }
+    println!(
+        "exported {} ({}) to {} in {:.1}s, {:.1} MB",
+        manifest.source,
+        manifest.precisions.iter().map(|p| p.name()).collect::<Vec<_>>().join(","),
+        a.out.display(),
+        start.elapsed().as_secs_f64(),
+        total as f64 / 1e6
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,14 @@
+//! ocrctl runtime: image preprocessing, prompts, ONNX Runtime sessions and generation.
+//!
+//! Stages, one module each: [`preprocess`] (resize and normalise exactly as the reference),
+//! [`prompt`] (chat template, tokenizer, image-token expansion), [`backend`] (the trait
+//! between generation and a runtime), [`ortmodel`] (ONNX Runtime sessions of an export),
+//! [`generate`] (greedy decoding), [`ortlib`] (finding `libonnxruntime`).
+//! The binary (`src/main.rs`) is a thin CLI over these modules.
+
+pub mod backend;
+pub mod generate;
+pub mod ortlib;
+pub mod ortmodel;
+pub mod preprocess;
+pub mod prompt;

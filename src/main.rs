@@ -1,0 +1,43 @@
+//! `ocrctl`: export LightOnOCR to ONNX and run it with ONNX Runtime.
+//!
+//! ```text
+//! ocrctl export --checkpoint tests/fixtures/tiny-lightonocr/checkpoint --out out/tiny
+//! ocrctl ocr --model out/tiny --max-tokens 64 --temperature 0 --json page.png
+//! ```
+
+mod cmd_export;
+mod cmd_ocr;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Export LightOnOCR checkpoints to ONNX and run them with ONNX Runtime.
+#[derive(Parser, Debug)]
+#[command(name = "ocrctl", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write a checkpoint as ONNX graphs (vision encoder, token embeddings, decoder).
+    Export(cmd_export::ExportArgs),
+    /// OCR images with an exported model (greedy, batch 1, CPU).
+    Ocr(cmd_ocr::OcrArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Export(a) => cmd_export::run(a),
+        Command::Ocr(a) => cmd_ocr::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

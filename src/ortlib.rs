@@ -1,0 +1,161 @@
+//! Finding and loading the ONNX Runtime shared library (`load-dynamic`).
+//!
+//! ocrctl links nothing at build time; it looks for `libonnxruntime.so.*` from the PyPI
+//! wheel (`onnxruntime==1.31.1`, or `onnxruntime-gpu`) in this order:
+//! 1. `--ort-lib PATH` / `OCRCTL_ORT_LIB` (explicit; must exist),
+//! 2. next to the `ocrctl` executable,
+//! 3. `.venv/lib/python3*/site-packages/onnxruntime/capi/` in the executable's directory or
+//!    any parent (what `scripts/setup.sh` creates), then `$VIRTUAL_ENV`,
+//! 4. the site-packages of `python3` on `PATH` (`import onnxruntime`), and common system
+//!    locations (`/usr/local/lib/python3*/…`, `/opt/ortgpu/onnxruntime/capi`).
+//!
+//! When nothing is found the error lists every place searched and the command that fixes it.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Minimum ONNX Runtime version ocrctl is built for (ort's `api-31`).
+pub const REQUIRED_ORT: &str = "1.31";
+
+/// Errors finding or loading ONNX Runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum OrtLibError {
+    #[error("ONNX Runtime library not found. Searched:\n  {searched}\nInstall it with `scripts/setup.sh` (creates .venv with onnxruntime=={REQUIRED_ORT}.1) or `pip install onnxruntime=={REQUIRED_ORT}.1`, or pass --ort-lib PATH")]
+    NotFound { searched: String },
+    #[error("{path}: the ONNX Runtime library given by {origin} does not exist")]
+    Missing { path: PathBuf, origin: String },
+    #[error("{path}: could not load ONNX Runtime (needs >= {REQUIRED_ORT}): {message}")]
+    Load { path: PathBuf, message: String },
+}
+
+fn libs_in(dir: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so") || n == "libonnxruntime.dylib")
+        })
+        .filter(|p| p.is_file())
+        .collect();
+    // Prefer the versioned name (the wheel ships no plain symlink).
+    found.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    found.into_iter().next()
+}
+
+fn site_packages_under(prefix: &Path) -> Vec<PathBuf> {
+    let lib = prefix.join("lib");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")))
+                .map(|p| p.join("site-packages/onnxruntime/capi"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn python_site_dir() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let s = String::from_utf8(out.stdout).ok()?;
+    Some(PathBuf::from(s.trim()).join("capi"))
+}
+
+/// Candidate directories in search order (explicit paths excluded).
+pub fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        let exe = exe.canonicalize().unwrap_or(exe);
+        if let Some(d) = exe.parent() {
+            dirs.push(d.to_path_buf());
+            for anc in d.ancestors() {
+                dirs.extend(site_packages_under(&anc.join(".venv")));
+            }
+        }
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        dirs.extend(site_packages_under(&cwd.join(".venv")));
+    }
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        dirs.extend(site_packages_under(Path::new(&v)));
+    }
+    if let Some(d) = python_site_dir() {
+        dirs.push(d);
+    }
+    dirs.extend(site_packages_under(Path::new("/usr/local")));
+    dirs.extend(site_packages_under(Path::new("/usr")));
+    dirs.push(PathBuf::from("/opt/ortgpu/onnxruntime/capi"));
+    dirs
+}
+
+/// Locates the library: an explicit path wins, else the first hit in [`candidate_dirs`].
+pub fn find(explicit: Option<&Path>) -> Result<PathBuf, OrtLibError> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(OrtLibError::Missing { path: p.to_path_buf(), origin: "--ort-lib/OCRCTL_ORT_LIB".into() })
+        };
+    }
+    let dirs = candidate_dirs();
+    for d in &dirs {
+        if let Some(lib) = libs_in(d) {
+            return Ok(lib);
+        }
+    }
+    let mut seen = Vec::new();
+    for d in dirs {
+        let s = d.display().to_string();
+        if !seen.contains(&s) {
+            seen.push(s);
+        }
+    }
+    Err(OrtLibError::NotFound { searched: seen.join("\n  ") })
+}
+
+static ENV: OnceLock<(PathBuf, ort::environment::Environment)> = OnceLock::new();
+
+/// Loads ONNX Runtime once per process and returns the environment and library path.
+pub fn environment(explicit: Option<&Path>) -> Result<(&'static Path, ort::environment::Environment), OrtLibError> {
+    if let Some((p, env)) = ENV.get() {
+        return Ok((p.as_path(), env.clone()));
+    }
+    let path = find(explicit)?;
+    let env = ort::init_from(&path)
+        .map_err(|e| OrtLibError::Load { path: path.clone(), message: e.to_string() })?
+        .with_name("ocrctl")
+        .with_telemetry(false)
+        .build()
+        .map_err(|e| OrtLibError::Load { path: path.clone(), message: e.to_string() })?;
+    let (p, env) = ENV.get_or_init(|| (path, env));
+    Ok((p.as_path(), env.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_missing_library_is_named() {
+        let e = find(Some(Path::new("/nonexistent/libonnxruntime.so.1.31.1"))).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/libonnxruntime.so.1.31.1"), "{e}");
+    }
+
+    #[test]
+    fn versioned_library_names_are_found() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("libonnxruntime.so.1.31.1"), b"").unwrap();
+        std::fs::write(d.path().join("libonnxruntime_providers_shared.so"), b"").unwrap();
+        assert_eq!(libs_in(d.path()).unwrap(), d.path().join("libonnxruntime.so.1.31.1"));
+    }
+}
