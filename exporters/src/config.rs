@@ -58,7 +58,6 @@ pub const IGNORED_KEYS: &[&str] = &[
     "multimodal_projector_bias",
     "projector_hidden_act",
     "attention_bias",
-    "hidden_act",
     "rope_scaling",
 ];
 
@@ -85,6 +84,9 @@ pub struct VisionConfig {
     pub num_channels: usize,
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
+    /// Activation of the gated MLP: `silu` (the hub checkpoint) or `gelu` (exact; the
+    /// transformers default when the key is absent).
+    pub hidden_act: String,
 }
 
 impl VisionConfig {
@@ -275,13 +277,14 @@ fn path_or_root(p: &str) -> &str {
 
 /// Reads θ from `rope_parameters.rope_theta` and/or a flat `rope_theta`; both must agree and
 /// the RoPE type must be the default one.
-fn rope_theta(s: &Section, default: Option<f64>) -> Result<f64, ExportError> {
+fn rope_theta(s: &Section, default: Option<f64>, rope_types: &[&str]) -> Result<f64, ExportError> {
     let flat = s.opt_f64("rope_theta")?;
     let nested = match s.get("rope_parameters") {
         None => None,
         Some(v) => {
             let p = Section::new(s.file, &s.key_path("rope_parameters"), v)?;
-            p.expect_one_of("rope_type", &[Value::from("default")])?;
+            let types: Vec<Value> = rope_types.iter().map(|t| Value::from(*t)).collect();
+            p.expect_one_of("rope_type", &types)?;
             let t = p.opt_f64("rope_theta")?;
             p.opt_f64("partial_rotary_factor")?
                 .filter(|f| *f != 1.0)
@@ -306,9 +309,7 @@ fn rope_theta(s: &Section, default: Option<f64>) -> Result<f64, ExportError> {
 fn vision_config(s: &Section) -> Result<VisionConfig, ExportError> {
     s.expect_one_of("model_type", &[Value::from("pixtral")])?;
     s.expect_one_of("hidden_act", &[Value::from("silu"), Value::from("gelu")])?;
-    if s.opt_str("hidden_act")? == Some("gelu") {
-        return Err(s.err("hidden_act", "only silu is supported for the Pixtral MLP"));
-    }
+    let hidden_act = s.opt_str("hidden_act")?.unwrap_or("gelu").to_string();
     let hidden_size = s.usize("hidden_size")?;
     let num_heads = s.usize("num_attention_heads")?;
     let head_dim = s.opt_usize("head_dim")?.unwrap_or(hidden_size / num_heads);
@@ -326,8 +327,9 @@ fn vision_config(s: &Section) -> Result<VisionConfig, ExportError> {
         patch_size,
         image_size,
         num_channels: s.opt_usize("num_channels")?.unwrap_or(3),
-        rope_theta: rope_theta(s, None)?,
+        rope_theta: rope_theta(s, None, &["default", "axial"])?,
         rms_norm_eps: PIXTRAL_RMS_EPS,
+        hidden_act,
     };
     if head_dim % 4 != 0 {
         return Err(s.err("head_dim", "must be a multiple of 4 for the 2-D RoPE"));
@@ -368,7 +370,7 @@ fn text_config(s: &Section, top_tie: Option<bool>) -> Result<TextConfig, ExportE
         intermediate_size: s.usize("intermediate_size")?,
         vocab_size: s.usize("vocab_size")?,
         rms_norm_eps: s.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta: rope_theta(s, None)?,
+        rope_theta: rope_theta(s, None, &["default"])?,
         max_position_embeddings: s.usize("max_position_embeddings")?,
         tie_word_embeddings: tie,
     };
@@ -495,6 +497,7 @@ mod tests {
         );
         assert_eq!(c.vision.max_patches_per_side(), 110);
         assert_eq!(c.vision.rope_theta, 10000.0);
+        assert_eq!(c.vision.hidden_act, "silu");
         assert_eq!(
             (c.text.num_heads, c.text.num_kv_heads, c.text.head_dim),
             (16, 8, 128)

@@ -222,7 +222,7 @@ pub fn build(
                     eps,
                 )?;
                 let m =
-                    layers::swiglu(g, e, w, &hn, &format!("{pre}.mlp"), d, t.intermediate_size)?;
+                    layers::gated_mlp(g, e, w, &hn, &format!("{pre}.mlp"), d, t.intermediate_size, "silu")?;
                 Ok((g.op("Add", &[&x1, &m], &[]), k_all, v_all))
             },
         )?;

@@ -142,8 +142,9 @@ pub fn gelu(g: &mut Graph, e: Emit, x: &Value) -> Value {
     g.op("Mul", &[&hx, &p], &[])
 }
 
-/// SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
-pub fn swiglu(
+/// Gated MLP: `down(act(gate(x)) * up(x))` with `act` = `silu` (SwiGLU) or exact `gelu`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_mlp(
     g: &mut Graph,
     e: Emit,
     w: &dyn Weights,
@@ -151,36 +152,17 @@ pub fn swiglu(
     prefix: &str,
     hidden: usize,
     inter: usize,
+    act: &str,
 ) -> Result<Value, ExportError> {
-    let gate = linear(
-        g,
-        e,
-        w,
-        x,
-        &format!("{prefix}.gate_proj.weight"),
-        inter,
-        hidden,
-    )?;
-    let up = linear(
-        g,
-        e,
-        w,
-        x,
-        &format!("{prefix}.up_proj.weight"),
-        inter,
-        hidden,
-    )?;
-    let act = silu(g, &gate);
-    let h = g.op("Mul", &[&act, &up], &[]);
-    linear(
-        g,
-        e,
-        w,
-        &h,
-        &format!("{prefix}.down_proj.weight"),
-        hidden,
-        inter,
-    )
+    let gate = linear(g, e, w, x, &format!("{prefix}.gate_proj.weight"), inter, hidden)?;
+    let up = linear(g, e, w, x, &format!("{prefix}.up_proj.weight"), inter, hidden)?;
+    let a = match act {
+        "silu" => silu(g, &gate),
+        "gelu" => gelu(g, e, &gate),
+        other => return Err(ExportError::Invalid(format!("unsupported MLP activation `{other}`"))),
+    };
+    let h = g.op("Mul", &[&a, &up], &[]);
+    linear(g, e, w, &h, &format!("{prefix}.down_proj.weight"), hidden, inter)
 }
 
 /// Rotary embedding in the rotate-half convention: `x·cos + rotate_half(x)·sin`, where
