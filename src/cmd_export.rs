@@ -3,8 +3,8 @@
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use ocrctl_exporters::export::{export, ExportOptions, Precision, Progress};
-use ocrctl_exporters::layers::Target;
+use ocrctl_exporters::export::{export, ExportOptions, Precision, Progress, DEFAULT_BLOCK_SIZE};
+use ocrctl_exporters::layers::{Int4Format, Quant, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -19,7 +19,8 @@ pub struct ExportArgs {
     /// Output directory (must not exist unless --force).
     #[arg(long)]
     out: PathBuf,
-    /// Precisions to write, comma-separated: fp32, fp16.
+    /// Precisions to write, comma-separated: fp32, fp16, int4 (INT4 weights, fp32
+    /// activations), int4-fp16 (INT4 weights, fp16 activations).
     #[arg(long, default_value = "fp32", value_delimiter = ',')]
     precision: Vec<String>,
     /// Runtime the graphs are for: `ort` (ONNX Runtime CPU/CUDA, fused contrib ops) or
@@ -29,13 +30,34 @@ pub struct ExportArgs {
     /// Replace an existing output directory (only once the new export is complete).
     #[arg(long)]
     force: bool,
+    /// INT4 block size (rows of a weight column sharing one scale): a power of two >= 16
+    /// dividing every Linear's input width.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    block_size: usize,
+    /// INT4 layout: `qdq` (DequantizeLinear + MatMul: TensorRT, CUDA and CPU) or
+    /// `matmulnbits` (com.microsoft.MatMulNBits, ONNX Runtime only).
+    #[arg(long, default_value = "qdq", value_parser = parse_format)]
+    int4_format: Int4Format,
+    /// Keep the lm_head in 16-bit for int4 precisions (larger files, see README).
+    #[arg(long)]
+    lm_head_16bit: bool,
+}
+
+fn parse_format(s: &str) -> Result<Int4Format, String> {
+    match s {
+        "qdq" => Ok(Int4Format::Qdq),
+        "matmulnbits" => Ok(Int4Format::MatMulNBits),
+        other => Err(format!("unknown int4 format `{other}` (expected qdq or matmulnbits)")),
+    }
 }
 
 fn parse_target(s: &str) -> Result<Target, String> {
     match s {
         "ort" => Ok(Target::Ort),
         "tensorrt" | "trt" => Ok(Target::TensorRt),
-        other => Err(format!("unknown target `{other}` (expected ort or tensorrt)")),
+        other => Err(format!(
+            "unknown target `{other}` (expected ort or tensorrt)"
+        )),
     }
 }
 
@@ -48,15 +70,25 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             precisions.push(p);
         }
     }
-    let opts = ExportOptions { checkpoint: a.checkpoint, out: a.out.clone(), precisions, target: a.target, force: a.force };
+    let opts = ExportOptions {
+        checkpoint: a.checkpoint,
+        out: a.out.clone(),
+        precisions,
+        target: a.target,
+        force: a.force,
+        int4: Quant { block_size: a.block_size, format: a.int4_format, lm_head: !a.lm_head_16bit },
+    };
     let start = Instant::now();
-    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} layers {elapsed}")
-        .expect("valid template")
-        .progress_chars("=> ");
+    let style =
+        ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} layers {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> ");
     let mut bar: Option<ProgressBar> = None;
     let manifest = export(&opts, &mut |ev| match ev {
         Progress::Begin { part, steps } => {
-            let b = ProgressBar::new(steps).with_style(style.clone()).with_prefix(part);
+            let b = ProgressBar::new(steps)
+                .with_style(style.clone())
+                .with_prefix(part);
             bar = Some(b);
         }
         Progress::Step => {
@@ -76,13 +108,23 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             let onnx = a.out.join("onnx").join(&info.file);
             let size = std::fs::metadata(&onnx).map(|m| m.len()).unwrap_or(0) + info.data_bytes;
             total += size;
-            println!("{:<6} {:<40} {:>10.1} MB", prec.name(), info.file, size as f64 / 1e6);
+            println!(
+                "{:<6} {:<40} {:>10.1} MB",
+                prec.name(),
+                info.file,
+                size as f64 / 1e6
+            );
         }
     }
     println!(
         "exported {} ({}) to {} in {:.1}s, {:.1} MB",
         manifest.source,
-        manifest.precisions.iter().map(|p| p.name()).collect::<Vec<_>>().join(","),
+        manifest
+            .precisions
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(","),
         a.out.display(),
         start.elapsed().as_secs_f64(),
         total as f64 / 1e6

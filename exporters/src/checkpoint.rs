@@ -73,6 +73,11 @@ impl Checkpoint {
                 dir.display()
             )));
         };
+        Checkpoint::open_files(paths)
+    }
+
+    /// Opens the given safetensors files as one tensor collection.
+    pub fn open_files(paths: Vec<PathBuf>) -> Result<Checkpoint, ExportError> {
         let mut ck = Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
@@ -81,6 +86,11 @@ impl Checkpoint {
             ck.add_file(path)?;
         }
         Ok(ck)
+    }
+
+    /// Shape of tensor `name`, if present.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|t| t.shape.as_slice())
     }
 
     fn add_file(&mut self, path: PathBuf) -> Result<(), ExportError> {

@@ -221,8 +221,16 @@ pub fn build(
                     d,
                     eps,
                 )?;
-                let m =
-                    layers::gated_mlp(g, e, w, &hn, &format!("{pre}.mlp"), d, t.intermediate_size, "silu")?;
+                let m = layers::gated_mlp(
+                    g,
+                    e,
+                    w,
+                    &hn,
+                    &format!("{pre}.mlp"),
+                    d,
+                    t.intermediate_size,
+                    "silu",
+                )?;
                 Ok((g.op("Add", &[&x1, &m], &[]), k_all, v_all))
             },
         )?;

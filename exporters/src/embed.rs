@@ -28,8 +28,12 @@ pub fn build(
         &[Dim::named("batch_size"), Dim::named("sequence_length")],
     );
     let table = w.get(EMBED, &[v, d])?;
-    let table = g.weight(EMBED, e.act, &[v as i64, d as i64], &table)?;
+    // With INT4 exports the table stays 16-bit (a gather reads few rows; int4 would need a
+    // contrib op) and float32 graphs cast the gathered rows.
+    let store = if e.quant.is_some() { DType::F16 } else { e.act };
+    let table = g.weight(EMBED, store, &[v as i64, d as i64], &table)?;
     let out = g.op("Gather", &[&table, &ids], &[("axis", Attr::Int(0))]);
+    let out = crate::layers::cast(&mut g, &out, store, e.act);
     g.output(
         &out,
         "inputs_embeds",

@@ -8,7 +8,7 @@ use crate::checkpoint::{Checkpoint, Weights};
 use crate::config::ModelConfig;
 use crate::dummy::{self, DummyWeights};
 use crate::graph::{DType, GraphInfo};
-use crate::layers::{Emit, Target};
+use crate::layers::{Emit, Int4Format, Quant, Target};
 use crate::{decoder, embed, vision, ExportError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -41,6 +41,11 @@ pub enum Precision {
     Fp32,
     /// float16 weights and activations, float32 logits (suffix `_fp16`).
     Fp16,
+    /// INT4 Linear weights, float32 activations (suffix `_q4`).
+    Int4,
+    /// INT4 Linear weights, float16 activations (suffix `_q4f16`).
+    #[serde(rename = "int4-fp16")]
+    Int4Fp16,
 }
 
 impl Precision {
@@ -49,15 +54,22 @@ impl Precision {
         match self {
             Precision::Fp32 => "",
             Precision::Fp16 => "_fp16",
+            Precision::Int4 => "_q4",
+            Precision::Int4Fp16 => "_q4f16",
         }
     }
 
     /// Activation dtype.
     pub fn dtype(self) -> DType {
         match self {
-            Precision::Fp32 => DType::F32,
-            Precision::Fp16 => DType::F16,
+            Precision::Fp32 | Precision::Int4 => DType::F32,
+            Precision::Fp16 | Precision::Int4Fp16 => DType::F16,
         }
+    }
+
+    /// Whether Linear weights are INT4.
+    pub fn is_int4(self) -> bool {
+        matches!(self, Precision::Int4 | Precision::Int4Fp16)
     }
 
     /// Parses `fp32` / `fp16`.
@@ -65,8 +77,10 @@ impl Precision {
         match s {
             "fp32" => Ok(Precision::Fp32),
             "fp16" => Ok(Precision::Fp16),
+            "int4" => Ok(Precision::Int4),
+            "int4-fp16" => Ok(Precision::Int4Fp16),
             other => Err(ExportError::Invalid(format!(
-                "unknown precision `{other}` (expected fp32 or fp16)"
+                "unknown precision `{other}` (expected fp32, fp16, int4 or int4-fp16)"
             ))),
         }
     }
@@ -76,6 +90,8 @@ impl Precision {
         match self {
             Precision::Fp32 => "fp32",
             Precision::Fp16 => "fp16",
+            Precision::Int4 => "int4",
+            Precision::Int4Fp16 => "int4-fp16",
         }
     }
 }
@@ -89,7 +105,12 @@ pub struct ExportOptions {
     pub precisions: Vec<Precision>,
     pub target: Target,
     pub force: bool,
+    /// INT4 settings used by the `int4` precisions.
+    pub int4: Quant,
 }
+
+/// Default INT4 block size (see the README's int4 section for the measurements behind it).
+pub const DEFAULT_BLOCK_SIZE: usize = 32;
 
 impl ExportOptions {
     /// fp32, ORT target, no overwrite.
@@ -100,8 +121,38 @@ impl ExportOptions {
             precisions: vec![Precision::Fp32],
             target: Target::Ort,
             force: false,
+            int4: Quant { block_size: DEFAULT_BLOCK_SIZE, format: Int4Format::Qdq, lm_head: true },
         }
     }
+}
+
+/// Checks INT4 settings against every Linear's input dimension before anything is written.
+fn check_int4(opts: &ExportOptions, cfg: &ModelConfig) -> Result<(), ExportError> {
+    if !opts.precisions.iter().any(|p| p.is_int4()) {
+        return Ok(());
+    }
+    let q = opts.int4;
+    if q.format == Int4Format::MatMulNBits && opts.target == Target::TensorRt {
+        return Err(ExportError::Invalid(
+            "--int4-format matmulnbits is an ONNX Runtime contrib op that TensorRT cannot parse; use --int4-format qdq".into(),
+        ));
+    }
+    let v = &cfg.vision;
+    let t = &cfg.text;
+    let m = cfg.spatial_merge_size;
+    let dims = [
+        ("vision hidden_size", v.hidden_size),
+        ("vision attention width (heads·head_dim)", v.num_heads * v.head_dim),
+        ("vision intermediate_size", v.intermediate_size),
+        ("projector merged width (hidden·merge²)", v.hidden_size * m * m),
+        ("text hidden_size", t.hidden_size),
+        ("text attention width (heads·head_dim)", t.num_heads * t.head_dim),
+        ("text intermediate_size", t.intermediate_size),
+    ];
+    for (what, k) in dims {
+        crate::quant::check_block_size(q.block_size, k, what).map_err(|e| ExportError::Invalid(format!("--block-size: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Progress events for a UI.
@@ -139,6 +190,8 @@ pub struct Manifest {
     pub ir_version: i64,
     pub opset: i64,
     pub precisions: Vec<Precision>,
+    /// INT4 settings, when an int4 precision was exported.
+    pub int4: Option<Quant>,
     pub model: ModelConfig,
     /// precision → part (`vision_encoder`, `embed_tokens`, `decoder_model_merged`) → graph.
     pub graphs: BTreeMap<Precision, BTreeMap<String, GraphInfo>>,
@@ -259,6 +312,7 @@ pub fn export(
             }
             (cfg, Box::new(ck), files)
         };
+    check_int4(opts, &cfg)?;
     let mut digest = Sha256::new();
     let mut sorted: Vec<&SourceFile> = source_files.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
@@ -272,6 +326,7 @@ pub fn export(
         let e = Emit {
             act: prec.dtype(),
             target: opts.target,
+            quant: prec.is_int4().then_some(opts.int4),
         };
         let sfx = prec.suffix();
         let mut parts = BTreeMap::new();
@@ -328,6 +383,7 @@ pub fn export(
         ir_version: crate::graph::IR_VERSION,
         opset: OPSET,
         precisions: opts.precisions.clone(),
+        int4: opts.precisions.iter().any(|p| p.is_int4()).then_some(opts.int4),
         model: cfg,
         graphs,
     };

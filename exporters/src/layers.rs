@@ -31,12 +31,35 @@ pub struct Emit {
     /// Activation and weight dtype (`F32` or `F16`).
     pub act: DType,
     pub target: Target,
+    /// INT4 weights for Linear layers, if any.
+    pub quant: Option<Quant>,
+}
+
+/// How INT4 Linear weights are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Int4Format {
+    /// `DequantizeLinear(INT4, block_size) → MatMul` (opset 21): TensorRT, and ORT fuses it
+    /// into `MatMulNBits` on CPU and CUDA.
+    Qdq,
+    /// `com.microsoft.MatMulNBits` directly (ONNX Runtime only).
+    MatMulNBits,
+}
+
+/// INT4 settings of an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quant {
+    pub block_size: usize,
+    pub format: Int4Format,
+    /// Quantize the lm_head as well (it is the largest single matrix).
+    pub lm_head: bool,
 }
 
 /// Most negative finite f32: masked scores (a fully masked row stays finite, never NaN).
 pub const MASK_MIN: f32 = f32::MIN;
 
-/// Writes `W` (PyTorch layout `[out, in]`) transposed to `[in, out]` and multiplies.
+/// Writes `W` (PyTorch layout `[out, in]`) transposed to `[in, out]` and multiplies; with
+/// [`Emit::quant`] the weight is stored as block-wise INT4 (see [`crate::quant`]).
 pub fn linear(
     g: &mut Graph,
     e: Emit,
@@ -46,8 +69,75 @@ pub fn linear(
     out: usize,
     inp: usize,
 ) -> Result<Value, ExportError> {
-    let wt = transposed_weight(g, e, w, name, out, inp)?;
-    Ok(g.op("MatMul", &[x, &wt], &[]))
+    match e.quant {
+        Some(q) if q.lm_head || !is_lm_head(name) => linear_int4(g, e, q, w, x, name, out, inp),
+        _ => {
+            let wt = transposed_weight(g, e, w, name, out, inp)?;
+            Ok(g.op("MatMul", &[x, &wt], &[]))
+        }
+    }
+}
+
+/// Whether `name` is the output projection (`lm_head.weight` or the tied embeddings).
+fn is_lm_head(name: &str) -> bool {
+    name == "lm_head.weight" || name.ends_with("embed_tokens.weight")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn linear_int4(
+    g: &mut Graph,
+    e: Emit,
+    q: Quant,
+    w: &dyn Weights,
+    x: &Value,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<Value, ExportError> {
+    crate::quant::check_block_size(q.block_size, inp, name).map_err(ExportError::Invalid)?;
+    let v = w.get(name, &[out, inp])?;
+    let mut t = vec![0f32; v.len()];
+    for o in 0..out {
+        for i in 0..inp {
+            t[i * out + o] = v[o * inp + i];
+        }
+    }
+    let bq = crate::quant::quantize(&t, inp, out, q.block_size);
+    let blocks = (inp / q.block_size) as i64;
+    match q.format {
+        Int4Format::Qdq => {
+            let packed = crate::quant::pack_int4_rows(&bq.q);
+            let wq = g.initializer(&format!("{name}_int4"), DType::I4, &[inp as i64, out as i64], packed)?;
+            let sc = g.weight(&format!("{name}_scale"), e.act, &[blocks, out as i64], &bq.scales)?;
+            let dq = g.op(
+                "DequantizeLinear",
+                &[&wq, &sc],
+                &[("axis", Attr::Int(0)), ("block_size", Attr::Int(q.block_size as i64))],
+            );
+            Ok(g.op("MatMul", &[x, &dq], &[]))
+        }
+        Int4Format::MatMulNBits => {
+            let (b, scales) = crate::quant::pack_matmulnbits(&bq);
+            let bw = g.initializer(
+                &format!("{name}_B"),
+                DType::U8,
+                &[out as i64, blocks, (q.block_size / 2) as i64],
+                b,
+            )?;
+            let sc = g.weight(&format!("{name}_scales"), e.act, &[out as i64 * blocks], &scales)?;
+            Ok(g.op_in(
+                "com.microsoft",
+                "MatMulNBits",
+                &[x, &bw, &sc],
+                &[
+                    ("K", Attr::Int(inp as i64)),
+                    ("N", Attr::Int(out as i64)),
+                    ("bits", Attr::Int(4)),
+                    ("block_size", Attr::Int(q.block_size as i64)),
+                ],
+            ))
+        }
+    }
 }
 
 /// Loads `[out, in]` and writes it as an `[in, out]` initializer named `name`.
@@ -154,15 +244,43 @@ pub fn gated_mlp(
     inter: usize,
     act: &str,
 ) -> Result<Value, ExportError> {
-    let gate = linear(g, e, w, x, &format!("{prefix}.gate_proj.weight"), inter, hidden)?;
-    let up = linear(g, e, w, x, &format!("{prefix}.up_proj.weight"), inter, hidden)?;
+    let gate = linear(
+        g,
+        e,
+        w,
+        x,
+        &format!("{prefix}.gate_proj.weight"),
+        inter,
+        hidden,
+    )?;
+    let up = linear(
+        g,
+        e,
+        w,
+        x,
+        &format!("{prefix}.up_proj.weight"),
+        inter,
+        hidden,
+    )?;
     let a = match act {
         "silu" => silu(g, &gate),
         "gelu" => gelu(g, e, &gate),
-        other => return Err(ExportError::Invalid(format!("unsupported MLP activation `{other}`"))),
+        other => {
+            return Err(ExportError::Invalid(format!(
+                "unsupported MLP activation `{other}`"
+            )))
+        }
     };
     let h = g.op("Mul", &[&a, &up], &[]);
-    linear(g, e, w, &h, &format!("{prefix}.down_proj.weight"), hidden, inter)
+    linear(
+        g,
+        e,
+        w,
+        &h,
+        &format!("{prefix}.down_proj.weight"),
+        hidden,
+        inter,
+    )
 }
 
 /// Rotary embedding in the rotate-half convention: `x·cos + rotate_half(x)·sin`, where

@@ -28,6 +28,7 @@ pub mod export;
 pub mod graph;
 pub mod layers;
 pub mod proto;
+pub mod quant;
 pub mod vision;
 
 use std::path::{Path, PathBuf};

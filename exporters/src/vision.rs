@@ -188,7 +188,16 @@ pub fn build(
                     d,
                     v.rms_norm_eps,
                 )?;
-                let m = layers::gated_mlp(g, e, w, &hn, &format!("{pre}.feed_forward"), d, v.intermediate_size, &v.hidden_act)?;
+                let m = layers::gated_mlp(
+                    g,
+                    e,
+                    w,
+                    &hn,
+                    &format!("{pre}.feed_forward"),
+                    d,
+                    v.intermediate_size,
+                    &v.hidden_act,
+                )?;
                 Ok(g.op("Add", &[&x1, &m], &[]))
             },
         )?;

@@ -1,0 +1,257 @@
+//! Bad input gets one clear error naming the file, tensor, field or library, a non-zero
+//! exit, and nothing partial left behind.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+
+fn export_err(ck: &Path, out: &Path) -> String {
+    let e = ocrctl_err(&[
+        "export",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!out.exists(), "no output directory after a failed export");
+    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary export directory left behind"
+    );
+    e
+}
+
+fn edit_config(ck: &Path, f: impl FnOnce(&mut Value)) {
+    let p = ck.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn missing_and_unknown_config_fields_are_named() {
+    let (d, ck) = checkpoint_copy();
+    edit_config(&ck, |v| {
+        v["text_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("num_hidden_layers");
+    });
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(
+        e.contains("config.json") && e.contains("text_config.num_hidden_layers"),
+        "{e}"
+    );
+
+    let (d, ck) = checkpoint_copy();
+    edit_config(&ck, |v| v["vision_config"]["use_magic"] = true.into());
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(e.contains("vision_config.use_magic"), "{e}");
+
+    let (d, ck) = checkpoint_copy();
+    edit_config(&ck, |v| v["model_type"] = "qwen2_vl".into());
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(e.contains("unsupported model_type `qwen2_vl`"), "{e}");
+
+    let (d, ck) = checkpoint_copy();
+    std::fs::write(ck.join("config.json"), "{ not json").unwrap();
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(
+        e.contains("config.json") && e.contains("invalid JSON"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tensor_problems_name_the_tensor() {
+    // A config that disagrees with the weights: the first tensor whose shape differs.
+    let (d, ck) = checkpoint_copy();
+    edit_config(&ck, |v| {
+        let n = v["text_config"]["intermediate_size"].as_u64().unwrap();
+        v["text_config"]["intermediate_size"] = (n + 8).into();
+    });
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(
+        e.contains("mlp.gate_proj.weight") && e.contains("expected shape"),
+        "{e}"
+    );
+
+    // A renamed tensor (same header length) is missing.
+    let (d, ck) = checkpoint_copy();
+    patch_bytes(
+        &ck.join("model.safetensors"),
+        b"language_model.norm.weight",
+        b"language_model.norX.weight",
+    );
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(
+        e.contains("`model.language_model.norm.weight` not found"),
+        "{e}"
+    );
+
+    // An integer dtype cannot be a weight.
+    let (d, ck) = checkpoint_copy();
+    patch_bytes(&ck.join("model.safetensors"), b"\"BF16\"", b"\"I16\" ");
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(e.contains("dtype I16"), "{e}");
+}
+
+#[test]
+fn truncated_or_corrupt_safetensors_name_the_file() {
+    let (d, ck) = checkpoint_copy();
+    let p = ck.join("model.safetensors");
+    let b = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &b[..b.len() - 100]).unwrap();
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(
+        e.contains("model.safetensors") && e.contains("not a valid safetensors"),
+        "{e}"
+    );
+
+    std::fs::write(&p, b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": garbage!!}").unwrap();
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(
+        e.contains("model.safetensors") && e.contains("not a valid safetensors"),
+        "{e}"
+    );
+
+    std::fs::remove_file(&p).unwrap();
+    let e = export_err(&ck, &d.path().join("out"));
+    assert!(e.contains("no model.safetensors"), "{e}");
+}
+
+#[test]
+fn existing_output_is_refused_without_force_and_kept_intact() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), "mine").unwrap();
+    let e = ocrctl_err(&[
+        "export",
+        "--checkpoint",
+        checkpoint().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("keep.txt")).unwrap(),
+        "mine"
+    );
+
+    ocrctl_ok(&[
+        "export",
+        "--checkpoint",
+        checkpoint().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--force",
+    ]);
+    assert!(!out.join("keep.txt").exists() && out.join("ocrctl.json").is_file());
+}
+
+#[test]
+fn unknown_dummy_model_and_precision_are_rejected() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("o");
+    let e = ocrctl_err(&[
+        "export",
+        "--checkpoint",
+        "dummy:gpt-5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(e.contains("dummy:gpt-5"), "{e}");
+    let e = ocrctl_err(&[
+        "export",
+        "--checkpoint",
+        "dummy:tiny",
+        "--out",
+        out.to_str().unwrap(),
+        "--precision",
+        "fp8",
+    ]);
+    assert!(e.contains("fp8"), "{e}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn unreadable_images_are_named_and_the_rest_still_run() {
+    let model = exported();
+    let d = tempfile::tempdir().unwrap();
+    let bad = d.path().join("broken.png");
+    std::fs::write(&bad, b"\x89PNG\r\n\x1a\nthis is not a png").unwrap();
+    let good = fixture().join("images/aligned.png");
+    let out = ocrctl(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-tokens",
+        "4",
+        "--json",
+        bad.to_str().unwrap(),
+        good.to_str().unwrap(),
+        "/nonexistent/page.png",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("broken.png") && err.contains("/nonexistent/page.png"),
+        "{err}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "the good image still produced output: {stdout}"
+    );
+    assert!(lines[0].contains("aligned.png"));
+}
+
+#[test]
+fn a_missing_onnx_runtime_library_is_named() {
+    let model = exported();
+    let img = fixture().join("images/aligned.png");
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--ort-lib",
+        "/nowhere/libonnxruntime.so.1.31.1",
+        img.to_str().unwrap(),
+    ]);
+    assert!(e.contains("/nowhere/libonnxruntime.so.1.31.1"), "{e}");
+}
+
+#[test]
+fn a_missing_precision_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("fp16only");
+    ocrctl_ok(&[
+        "export",
+        "--checkpoint",
+        "dummy:tiny",
+        "--out",
+        out.to_str().unwrap(),
+        "--precision",
+        "fp16",
+    ]);
+    let img = fixture().join("images/aligned.png");
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        out.to_str().unwrap(),
+        img.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("precision fp32 was not exported") && e.contains("fp16"),
+        "{e}"
+    );
+}

@@ -1,0 +1,89 @@
+//! Shared helpers for the integration tests: fixture paths, running the `ocrctl` binary,
+//! and one fp32/fp16 export of the tiny fixture per test binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// `tests/fixtures/tiny-lightonocr`.
+pub fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-lightonocr")
+}
+
+/// The fixture's checkpoint directory (hub layout).
+pub fn checkpoint() -> PathBuf {
+    fixture().join("checkpoint")
+}
+
+/// Runs `ocrctl` with `args`.
+pub fn ocrctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+        .args(args)
+        .output()
+        .expect("ocrctl runs")
+}
+
+/// Runs `ocrctl`, requiring success; returns stdout.
+pub fn ocrctl_ok(args: &[&str]) -> String {
+    let out = ocrctl(args);
+    assert!(
+        out.status.success(),
+        "ocrctl {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `ocrctl`, requiring failure; returns stderr.
+pub fn ocrctl_err(args: &[&str]) -> String {
+    let out = ocrctl(args);
+    assert!(!out.status.success(), "ocrctl {args:?} should have failed");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+static EXPORT: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+
+/// The fixture exported once (fp32 + fp16, ORT target) for this test binary.
+pub fn exported() -> &'static Path {
+    &EXPORT
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("tiny");
+            ocrctl_ok(&[
+                "export",
+                "--checkpoint",
+                checkpoint().to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--precision",
+                "fp32,fp16",
+            ]);
+            (dir, out)
+        })
+        .1
+}
+
+/// Copies the fixture checkpoint into a fresh temporary directory for mutation.
+pub fn checkpoint_copy() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    std::fs::create_dir(&ck).unwrap();
+    for e in std::fs::read_dir(checkpoint()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), ck.join(e.file_name())).unwrap();
+    }
+    (dir, ck)
+}
+
+/// Replaces the first occurrence of `from` by `to` (same length) in a file's bytes.
+pub fn patch_bytes(path: &Path, from: &[u8], to: &[u8]) {
+    assert_eq!(from.len(), to.len(), "patches keep the length");
+    let mut b = std::fs::read(path).unwrap();
+    let i = b
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("pattern present");
+    b[i..i + from.len()].copy_from_slice(to);
+    std::fs::write(path, b).unwrap();
+}
