@@ -3,7 +3,9 @@
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use ocrctl_exporters::export::{export, ExportOptions, Precision, Progress, DEFAULT_BLOCK_SIZE};
+use ocrctl_exporters::export::{
+    export, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE,
+};
 use ocrctl_exporters::layers::{Int4Format, Quant, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,13 +43,19 @@ pub struct ExportArgs {
     /// Keep the lm_head in 16-bit for int4 precisions (larger files, see README).
     #[arg(long)]
     lm_head_16bit: bool,
+    /// `accuracy_level` written into MatMulNBits nodes (0: float compute; 4: int8
+    /// activations on CPU). QDQ graphs take it from `ocrctl ocr --accuracy-level`.
+    #[arg(long, default_value_t = DEFAULT_ACCURACY_LEVEL, value_parser = clap::value_parser!(u8).range(0..=4))]
+    accuracy_level: u8,
 }
 
 fn parse_format(s: &str) -> Result<Int4Format, String> {
     match s {
         "qdq" => Ok(Int4Format::Qdq),
         "matmulnbits" => Ok(Int4Format::MatMulNBits),
-        other => Err(format!("unknown int4 format `{other}` (expected qdq or matmulnbits)")),
+        other => Err(format!(
+            "unknown int4 format `{other}` (expected qdq or matmulnbits)"
+        )),
     }
 }
 
@@ -76,7 +84,12 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
         precisions,
         target: a.target,
         force: a.force,
-        int4: Quant { block_size: a.block_size, format: a.int4_format, lm_head: !a.lm_head_16bit },
+        int4: Quant {
+            block_size: a.block_size,
+            format: a.int4_format,
+            lm_head: !a.lm_head_16bit,
+            accuracy_level: a.accuracy_level,
+        },
     };
     let start = Instant::now();
     let style =

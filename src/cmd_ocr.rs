@@ -22,7 +22,7 @@ pub struct OcrArgs {
     /// Exported model directory (from `ocrctl export`).
     #[arg(long)]
     model: PathBuf,
-    /// Which exported graphs to run: fp32 or fp16.
+    /// Which exported graphs to run: fp32, fp16, int4 or int4-fp16.
     #[arg(long, default_value = "fp32")]
     precision: String,
     /// Maximum number of new tokens per image.
@@ -46,6 +46,10 @@ pub struct OcrArgs {
     /// Path of libonnxruntime.so (default: found automatically, see `ocrctl ocr --help`).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     ort_lib: Option<PathBuf>,
+    /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs on the CPU: 0 computes in
+    /// float, 4 (ONNX Runtime's default) quantizes activations to int8.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
+    accuracy_level: u8,
     /// Refuse images with more pixels than this (checked from the header, before decoding).
     #[arg(long, default_value_t = preprocess::DEFAULT_MAX_PIXELS)]
     max_pixels: u64,
@@ -60,24 +64,42 @@ fn stop_ids(dir: &Path, fallback: &[u32]) -> Vec<u32> {
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| match v.get("eos_token_id") {
-            Some(serde_json::Value::Array(a)) => Some(a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect()),
+            Some(serde_json::Value::Array(a)) => Some(
+                a.iter()
+                    .filter_map(|x| x.as_u64().map(|n| n as u32))
+                    .collect(),
+            ),
             Some(x) => x.as_u64().map(|n| vec![n as u32]),
             None => None,
         });
-    from_gen.filter(|v: &Vec<u32>| !v.is_empty()).unwrap_or_else(|| fallback.to_vec())
+    from_gen
+        .filter(|v: &Vec<u32>| !v.is_empty())
+        .unwrap_or_else(|| fallback.to_vec())
 }
 
 /// Runs OCR over all images; returns failure if any image failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     if a.temperature != 0.0 {
-        anyhow::bail!("--temperature {}: only greedy decoding (--temperature 0) is implemented so far", a.temperature);
+        anyhow::bail!(
+            "--temperature {}: only greedy decoding (--temperature 0) is implemented so far",
+            a.temperature
+        );
     }
     let precision = Precision::parse(&a.precision).context("--precision")?;
-    let opts = LoadOptions { precision, threads: a.threads, ort_lib: a.ort_lib.clone() };
+    let opts = LoadOptions {
+        precision,
+        threads: a.threads,
+        ort_lib: a.ort_lib.clone(),
+        accuracy_level: a.accuracy_level,
+    };
     let mut model = OrtModel::load(&a.model, &opts)?;
     let cfg = model.manifest.model.clone();
     let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;
-    let pre = PreprocessConfig::from_model_dir(&a.model, cfg.vision.patch_size as u32, cfg.spatial_merge_size as u32)?;
+    let pre = PreprocessConfig::from_model_dir(
+        &a.model,
+        cfg.vision.patch_size as u32,
+        cfg.spatial_merge_size as u32,
+    )?;
     let gen = GreedyOptions {
         max_new_tokens: a.max_tokens,
         top_logprobs: a.top_logprobs,
@@ -92,7 +114,8 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             let ids = prompter.encode(&[p.num_image_tokens], None)?;
             let feats = model.encode_image(&p.pixel_values)?;
             let g = generate_greedy(&mut model, &ids, cfg.image_token_id, Some(&feats), &gen)?;
-            let text_ids: Vec<u32> = match g.token_ids.iter().position(|t| gen.stop_ids.contains(t)) {
+            let text_ids: Vec<u32> = match g.token_ids.iter().position(|t| gen.stop_ids.contains(t))
+            {
                 Some(i) if !a.ignore_eos || i < g.token_ids.len() => g.token_ids[..i].to_vec(),
                 _ => g.token_ids.clone(),
             };
@@ -117,5 +140,9 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

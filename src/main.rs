@@ -5,6 +5,7 @@
 //! ocrctl ocr --model out/tiny --max-tokens 64 --temperature 0 --json page.png
 //! ```
 
+mod cmd_eval;
 mod cmd_export;
 mod cmd_ocr;
 
@@ -25,6 +26,8 @@ enum Command {
     Export(cmd_export::ExportArgs),
     /// OCR images with an exported model (greedy, batch 1, CPU).
     Ocr(cmd_ocr::OcrArgs),
+    /// Compare a candidate export (e.g. int4) with a reference (e.g. fp32), teacher-forced.
+    Eval(cmd_eval::EvalArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Export(a) => cmd_export::run(a),
         Command::Ocr(a) => cmd_ocr::run(a),
+        Command::Eval(a) => cmd_eval::run(a),
     };
     match result {
         Ok(code) => code,

@@ -23,6 +23,21 @@ pub struct LoadOptions {
     pub threads: usize,
     /// Explicit ONNX Runtime library path.
     pub ort_lib: Option<PathBuf>,
+    /// `session.qdq_matmulnbits_accuracy_level` for INT4 QDQ graphs on the CPU (0: float
+    /// compute, 4: int8 activations, ONNX Runtime's default).
+    pub accuracy_level: u8,
+}
+
+impl LoadOptions {
+    /// CPU defaults for `precision`.
+    pub fn new(precision: Precision) -> LoadOptions {
+        LoadOptions {
+            precision,
+            threads: 0,
+            ort_lib: None,
+            accuracy_level: 4,
+        }
+    }
 }
 
 /// Errors loading an export.
@@ -33,7 +48,11 @@ pub enum LoadError {
     #[error(transparent)]
     OrtLib(#[from] crate::ortlib::OrtLibError),
     #[error("{dir}: precision {precision} was not exported (available: {available})")]
-    NoPrecision { dir: PathBuf, precision: String, available: String },
+    NoPrecision {
+        dir: PathBuf,
+        precision: String,
+        available: String,
+    },
     #[error("{path}: {message}")]
     Session { path: PathBuf, message: String },
 }
@@ -52,28 +71,51 @@ pub struct OrtModel {
     hidden: usize,
 }
 
-fn session(env: &ort::environment::Environment, path: &Path, threads: usize) -> Result<Session, LoadError> {
+fn session(
+    env: &ort::environment::Environment,
+    path: &Path,
+    opts: &LoadOptions,
+) -> Result<Session, LoadError> {
     let build = || -> ort::Result<Session> {
-        let mut b = Session::builder(env)?.with_optimization_level(GraphOptimizationLevel::All)?;
-        if threads > 0 {
-            b = b.with_intra_threads(threads)?;
+        let mut b = Session::builder(env)?
+            .with_optimization_level(GraphOptimizationLevel::All)?
+            .with_log_level(ort::logging::LogLevel::Error)?
+            .with_config_entry(
+                "session.qdq_matmulnbits_accuracy_level",
+                opts.accuracy_level.to_string(),
+            )?;
+        if opts.threads > 0 {
+            b = b.with_intra_threads(opts.threads)?;
         }
         Ok(b.commit_from_file(path)?)
     };
-    build().map_err(|e| LoadError::Session { path: path.to_path_buf(), message: e.to_string() })
+    build().map_err(|e| LoadError::Session {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }
 
-fn to_dyn_f(act: DType, shape: Vec<i64>, data: Vec<f32>, part: &str) -> Result<DynValue, BackendError> {
+fn to_dyn_f(
+    act: DType,
+    shape: Vec<i64>,
+    data: Vec<f32>,
+    part: &str,
+) -> Result<DynValue, BackendError> {
     let r = match act {
-        DType::F16 => Tensor::from_array((shape, data.into_iter().map(f16::from_f32).collect::<Vec<_>>()))
-            .map(|t| t.into_dyn()),
+        DType::F16 => Tensor::from_array((
+            shape,
+            data.into_iter().map(f16::from_f32).collect::<Vec<_>>(),
+        ))
+        .map(|t| t.into_dyn()),
         _ => Tensor::from_array((shape, data)).map(|t| t.into_dyn()),
     };
     r.map_err(|e| BackendError::runtime(part, e))
 }
 
 fn i64_tensor(shape: Vec<i64>, data: Vec<i64>, part: &str) -> Result<DynValue, BackendError> {
-    Tensor::from_array((shape, data)).map(|t| t.into_dyn()).map_err(|e| BackendError::runtime(part, e))
+    Tensor::from_array((shape, data))
+        .map(|t| t.into_dyn())
+        .map_err(|e| BackendError::runtime(part, e))
 }
 
 /// Reads a float tensor (f32 or f16) as f32 with its shape.
@@ -81,19 +123,33 @@ fn read_f(v: &DynValue, part: &str) -> Result<(Vec<usize>, Vec<f32>), BackendErr
     if let Ok((shape, data)) = v.try_extract_tensor::<f32>() {
         return Ok((shape.iter().map(|d| *d as usize).collect(), data.to_vec()));
     }
-    let (shape, data) = v.try_extract_tensor::<f16>().map_err(|e| BackendError::runtime(part, e))?;
-    Ok((shape.iter().map(|d| *d as usize).collect(), data.iter().map(|x| x.to_f32()).collect()))
+    let (shape, data) = v
+        .try_extract_tensor::<f16>()
+        .map_err(|e| BackendError::runtime(part, e))?;
+    Ok((
+        shape.iter().map(|d| *d as usize).collect(),
+        data.iter().map(|x| x.to_f32()).collect(),
+    ))
 }
 
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
         let manifest = Manifest::load(dir)?;
-        let graphs = manifest.graphs.get(&opts.precision).ok_or_else(|| LoadError::NoPrecision {
-            dir: dir.to_path_buf(),
-            precision: opts.precision.name().into(),
-            available: manifest.precisions.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "),
-        })?;
+        let graphs =
+            manifest
+                .graphs
+                .get(&opts.precision)
+                .ok_or_else(|| LoadError::NoPrecision {
+                    dir: dir.to_path_buf(),
+                    precision: opts.precision.name().into(),
+                    available: manifest
+                        .precisions
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
         let (_, env) = crate::ortlib::environment(opts.ort_lib.as_deref())?;
         let path_of = |part: &str| -> Result<PathBuf, LoadError> {
             let g = graphs.get(part).ok_or_else(|| LoadError::Session {
@@ -105,9 +161,9 @@ impl OrtModel {
         let t = &manifest.model.text;
         Ok(OrtModel {
             act: opts.precision.dtype(),
-            vision: session(&env, &path_of("vision_encoder")?, opts.threads)?,
-            embed: session(&env, &path_of("embed_tokens")?, opts.threads)?,
-            decoder: session(&env, &path_of("decoder_model_merged")?, opts.threads)?,
+            vision: session(&env, &path_of("vision_encoder")?, opts)?,
+            embed: session(&env, &path_of("embed_tokens")?, opts)?,
+            decoder: session(&env, &path_of("decoder_model_merged")?, opts)?,
             layers: t.num_layers,
             kv_heads: t.num_kv_heads,
             head_dim: t.head_dim,
@@ -141,37 +197,70 @@ impl Backend for OrtModel {
         let input = to_dyn_f(self.act, shape, data, PART)?;
         let mut out = self
             .vision
-            .run(vec![(Cow::from("pixel_values"), SessionInputValue::from(input))])
+            .run(vec![(
+                Cow::from("pixel_values"),
+                SessionInputValue::from(input),
+            )])
             .map_err(|e| BackendError::runtime(PART, e))?;
-        let v = out.remove("image_features").ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
+        let v = out
+            .remove("image_features")
+            .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
         let (shape, data) = read_f(&v, PART)?;
-        Array2::from_shape_vec((shape[0], shape[1]), data).map_err(|e| BackendError::runtime(PART, e))
+        Array2::from_shape_vec((shape[0], shape[1]), data)
+            .map_err(|e| BackendError::runtime(PART, e))
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
         const PART: &str = "embed_tokens";
-        let input = i64_tensor(vec![1, ids.len() as i64], ids.iter().map(|i| *i as i64).collect(), PART)?;
+        let input = i64_tensor(
+            vec![1, ids.len() as i64],
+            ids.iter().map(|i| *i as i64).collect(),
+            PART,
+        )?;
         let mut out = self
             .embed
-            .run(vec![(Cow::from("input_ids"), SessionInputValue::from(input))])
+            .run(vec![(
+                Cow::from("input_ids"),
+                SessionInputValue::from(input),
+            )])
             .map_err(|e| BackendError::runtime(PART, e))?;
-        let v = out.remove("inputs_embeds").ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
+        let v = out
+            .remove("inputs_embeds")
+            .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
         let (shape, data) = read_f(&v, PART)?;
-        Array2::from_shape_vec((shape[1], shape[2]), data).map_err(|e| BackendError::runtime(PART, e))
+        Array2::from_shape_vec((shape[1], shape[2]), data)
+            .map_err(|e| BackendError::runtime(PART, e))
     }
 
-    fn forward(&mut self, embeds: Array2<f32>, cache: Option<OrtCache>) -> Result<(Vec<f32>, OrtCache), BackendError> {
+    fn forward(
+        &mut self,
+        embeds: Array2<f32>,
+        cache: Option<OrtCache>,
+    ) -> Result<(Vec<f32>, OrtCache), BackendError> {
         const PART: &str = "decoder_model_merged";
         let s = embeds.nrows();
         let d = embeds.ncols();
         let past = cache.as_ref().map_or(0, |c| c.len);
-        let mut inputs: Vec<(Cow<str>, SessionInputValue)> = Vec::with_capacity(4 + 2 * self.layers);
+        let mut inputs: Vec<(Cow<str>, SessionInputValue)> =
+            Vec::with_capacity(4 + 2 * self.layers);
         let data: Vec<f32> = embeds.into_iter().collect();
-        inputs.push(("inputs_embeds".into(), to_dyn_f(self.act, vec![1, s as i64, d as i64], data, PART)?.into()));
-        inputs.push(("attention_mask".into(), i64_tensor(vec![1, (past + s) as i64], vec![1; past + s], PART)?.into()));
+        inputs.push((
+            "inputs_embeds".into(),
+            to_dyn_f(self.act, vec![1, s as i64, d as i64], data, PART)?.into(),
+        ));
+        inputs.push((
+            "attention_mask".into(),
+            i64_tensor(vec![1, (past + s) as i64], vec![1; past + s], PART)?.into(),
+        ));
         let pos: Vec<i64> = (past as i64..(past + s) as i64).collect();
-        inputs.push(("position_ids".into(), i64_tensor(vec![1, s as i64], pos, PART)?.into()));
-        inputs.push(("num_logits_to_keep".into(), i64_tensor(vec![], vec![1], PART)?.into()));
+        inputs.push((
+            "position_ids".into(),
+            i64_tensor(vec![1, s as i64], pos, PART)?.into(),
+        ));
+        inputs.push((
+            "num_logits_to_keep".into(),
+            i64_tensor(vec![], vec![1], PART)?.into(),
+        ));
         match cache {
             Some(c) => {
                 for (i, v) in c.kv.into_iter().enumerate() {
@@ -189,8 +278,13 @@ impl Backend for OrtModel {
                 }
             }
         }
-        let mut out = self.decoder.run(inputs).map_err(|e| BackendError::runtime(PART, e))?;
-        let logits = out.remove("logits").ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
+        let mut out = self
+            .decoder
+            .run(inputs)
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        let logits = out
+            .remove("logits")
+            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
         let (shape, data) = read_f(&logits, PART)?;
         let vocab = shape[2];
         let last = data[data.len() - vocab..].to_vec();
@@ -198,7 +292,10 @@ impl Backend for OrtModel {
         for i in 0..self.layers {
             for kind in ["key", "value"] {
                 let name = format!("present.{i}.{kind}");
-                kv.push(out.remove(&name).ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?);
+                kv.push(
+                    out.remove(&name)
+                        .ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?,
+                );
             }
         }
         Ok((last, OrtCache { kv, len: past + s }))

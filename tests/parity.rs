@@ -33,7 +33,8 @@ struct Golden {
 
 fn golden() -> Golden {
     let dir = fixture().join("golden");
-    let json = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let json =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let tensors = Checkpoint::open_files(vec![dir.join("golden.safetensors")]).unwrap();
     Golden { json, tensors }
 }
@@ -43,7 +44,11 @@ impl Golden {
         self.json["images"].as_array().unwrap()
     }
     fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        let shape = self.tensors.shape(name).unwrap_or_else(|| panic!("golden tensor {name}")).to_vec();
+        let shape = self
+            .tensors
+            .shape(name)
+            .unwrap_or_else(|| panic!("golden tensor {name}"))
+            .to_vec();
         let v = self.tensors.get(name, &shape).unwrap();
         (shape, v)
     }
@@ -58,16 +63,23 @@ impl Golden {
 }
 
 fn load(precision: Precision) -> OrtModel {
-    OrtModel::load(exported(), &LoadOptions { precision, threads: 0, ort_lib: None }).expect("model loads")
+    OrtModel::load(exported(), &LoadOptions::new(precision)).expect("model loads")
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -76,11 +88,23 @@ fn preprocessing_reproduces_the_reference_pixels() {
     let cfg = PreprocessConfig::from_model_dir(&checkpoint(), 14, 2).unwrap();
     for im in g.images() {
         let stem = im["stem"].as_str().unwrap();
-        let img = preprocess::load_image(&fixture().join(im["file"].as_str().unwrap()), preprocess::DEFAULT_MAX_PIXELS).unwrap();
+        let img = preprocess::load_image(
+            &fixture().join(im["file"].as_str().unwrap()),
+            preprocess::DEFAULT_MAX_PIXELS,
+        )
+        .unwrap();
         let p = preprocess::preprocess(&img, &cfg);
         let want = g.pixel_values(stem);
-        assert_eq!(p.pixel_values.shape(), want.shape(), "{stem}: processed size");
-        assert_eq!(p.num_image_tokens as u64, im["num_image_tokens"].as_u64().unwrap(), "{stem}");
+        assert_eq!(
+            p.pixel_values.shape(),
+            want.shape(),
+            "{stem}: processed size"
+        );
+        assert_eq!(
+            p.num_image_tokens as u64,
+            im["num_image_tokens"].as_u64().unwrap(),
+            "{stem}"
+        );
         let d = max_abs_diff(p.pixel_values.as_slice().unwrap(), want.as_slice().unwrap());
         assert!(d <= 1e-5, "{stem}: pixel values differ by {d}");
     }
@@ -93,7 +117,12 @@ fn prompt_ids_match_the_reference() {
     let p = Prompter::from_model_dir(exported(), image_token).unwrap();
     for im in g.images() {
         let n = im["num_image_tokens"].as_u64().unwrap() as usize;
-        assert_eq!(p.encode(&[n], None).unwrap(), ids(&im["prompt_ids"]), "{}", im["stem"]);
+        assert_eq!(
+            p.encode(&[n], None).unwrap(),
+            ids(&im["prompt_ids"]),
+            "{}",
+            im["stem"]
+        );
     }
 }
 
@@ -108,7 +137,10 @@ fn check_features(precision: Precision, tol: f32) -> f32 {
         assert_eq!(got.shape(), want.shape(), "{stem}");
         let d = max_abs_diff(got.as_slice().unwrap(), want.as_slice().unwrap());
         let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
-        assert!(d <= tol * scale.max(1.0), "{stem}: image features differ by {d} (scale {scale})");
+        assert!(
+            d <= tol * scale.max(1.0),
+            "{stem}: image features differ by {d} (scale {scale})"
+        );
         worst = worst.max(d);
     }
     eprintln!("{precision:?}: max image-feature difference {worst}");
@@ -137,14 +169,31 @@ fn check_generation(precision: Precision, tol: f32) {
     for im in g.images() {
         let stem = im["stem"].as_str().unwrap();
         let want_ids = ids(&im["greedy_ids"]);
-        let img = preprocess::load_image(&fixture().join(im["file"].as_str().unwrap()), preprocess::DEFAULT_MAX_PIXELS).unwrap();
+        let img = preprocess::load_image(
+            &fixture().join(im["file"].as_str().unwrap()),
+            preprocess::DEFAULT_MAX_PIXELS,
+        )
+        .unwrap();
         let p = preprocess::preprocess(&img, &cfg);
         let prompt = prompter.encode(&[p.num_image_tokens], None).unwrap();
         let feats = m.encode_image(&p.pixel_values).unwrap();
-        let opts = GreedyOptions { max_new_tokens: want_ids.len(), top_logprobs: 5, stop_ids: vec![], ignore_eos: true };
+        let opts = GreedyOptions {
+            max_new_tokens: want_ids.len(),
+            top_logprobs: 5,
+            stop_ids: vec![],
+            ignore_eos: true,
+        };
         let out = generate_greedy(&mut m, &prompt, image_token, Some(&feats), &opts).unwrap();
-        assert_eq!(out.token_ids, want_ids, "{stem} ({precision:?}): greedy ids");
-        for (step, (got, want)) in out.top_logprobs.iter().zip(im["top5"].as_array().unwrap()).enumerate() {
+        assert_eq!(
+            out.token_ids, want_ids,
+            "{stem} ({precision:?}): greedy ids"
+        );
+        for (step, (got, want)) in out
+            .top_logprobs
+            .iter()
+            .zip(im["top5"].as_array().unwrap())
+            .enumerate()
+        {
             for w in want.as_array().unwrap() {
                 let id = w["id"].as_u64().unwrap() as u32;
                 let lp = w["logprob"].as_f64().unwrap() as f32;
@@ -152,18 +201,29 @@ fn check_generation(precision: Precision, tol: f32) {
                     Some(t) => {
                         let d = (t.logprob - lp).abs();
                         worst = worst.max(d);
-                        assert!(d <= tol, "{stem} step {step} token {id}: logprob {} vs {lp}", t.logprob);
+                        assert!(
+                            d <= tol,
+                            "{stem} step {step} token {id}: logprob {} vs {lp}",
+                            t.logprob
+                        );
                     }
                     // A token may leave our top 5 only through a near-tie with the 5th.
                     None => {
                         let fifth = got.last().unwrap().logprob;
-                        assert!((fifth - lp).abs() <= tol, "{stem} step {step}: reference top-5 token {id} ({lp}) missing");
+                        assert!(
+                            (fifth - lp).abs() <= tol,
+                            "{stem} step {step}: reference top-5 token {id} ({lp}) missing"
+                        );
                     }
                 }
             }
         }
         let text = prompter.decode(&out.token_ids, true).unwrap();
-        assert_eq!(text, im["greedy_text"].as_str().unwrap(), "{stem}: decoded text");
+        assert_eq!(
+            text,
+            im["greedy_text"].as_str().unwrap(),
+            "{stem}: decoded text"
+        );
     }
     eprintln!("{precision:?}: max top-5 logprob difference {worst}");
 }
@@ -185,15 +245,39 @@ fn the_cli_prints_the_reference_tokens_and_text() {
     let n = ids(&im["greedy_ids"]).len().to_string();
     let file = fixture().join(im["file"].as_str().unwrap());
     let out = ocrctl_ok(&[
-        "ocr", "--model", exported().to_str().unwrap(), "--max-tokens", &n, "--temperature", "0",
-        "--top-logprobs", "5", "--ignore-eos", "--json", file.to_str().unwrap(),
+        "ocr",
+        "--model",
+        exported().to_str().unwrap(),
+        "--max-tokens",
+        &n,
+        "--temperature",
+        "0",
+        "--top-logprobs",
+        "5",
+        "--ignore-eos",
+        "--json",
+        file.to_str().unwrap(),
     ]);
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(ids(&v["token_ids"]), ids(&im["greedy_ids"]));
-    assert_eq!(v["top_logprobs"].as_array().unwrap().len(), ids(&im["greedy_ids"]).len());
+    assert_eq!(
+        v["top_logprobs"].as_array().unwrap().len(),
+        ids(&im["greedy_ids"]).len()
+    );
     assert_eq!(v["image_tokens"], im["num_image_tokens"]);
     // Without --ignore-eos the text stops at the first end-of-sequence token.
-    let out = ocrctl_ok(&["ocr", "--model", exported().to_str().unwrap(), "--max-tokens", &n, "--json", file.to_str().unwrap()]);
+    let out = ocrctl_ok(&[
+        "ocr",
+        "--model",
+        exported().to_str().unwrap(),
+        "--max-tokens",
+        &n,
+        "--json",
+        file.to_str().unwrap(),
+    ]);
     let v: Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(v["text"].as_str().unwrap(), im["greedy_until_eos_text"].as_str().unwrap());
+    assert_eq!(
+        v["text"].as_str().unwrap(),
+        im["greedy_until_eos_text"].as_str().unwrap()
+    );
 }

@@ -109,6 +109,9 @@ pub struct ExportOptions {
     pub int4: Quant,
 }
 
+/// Default `MatMulNBits` accuracy level (ONNX Runtime's own default for fused QDQ nodes).
+pub const DEFAULT_ACCURACY_LEVEL: u8 = 4;
+
 /// Default INT4 block size (see the README's int4 section for the measurements behind it).
 pub const DEFAULT_BLOCK_SIZE: usize = 32;
 
@@ -121,7 +124,12 @@ impl ExportOptions {
             precisions: vec![Precision::Fp32],
             target: Target::Ort,
             force: false,
-            int4: Quant { block_size: DEFAULT_BLOCK_SIZE, format: Int4Format::Qdq, lm_head: true },
+            int4: Quant {
+                block_size: DEFAULT_BLOCK_SIZE,
+                format: Int4Format::Qdq,
+                lm_head: true,
+                accuracy_level: DEFAULT_ACCURACY_LEVEL,
+            },
         }
     }
 }
@@ -142,15 +150,25 @@ fn check_int4(opts: &ExportOptions, cfg: &ModelConfig) -> Result<(), ExportError
     let m = cfg.spatial_merge_size;
     let dims = [
         ("vision hidden_size", v.hidden_size),
-        ("vision attention width (heads·head_dim)", v.num_heads * v.head_dim),
+        (
+            "vision attention width (heads·head_dim)",
+            v.num_heads * v.head_dim,
+        ),
         ("vision intermediate_size", v.intermediate_size),
-        ("projector merged width (hidden·merge²)", v.hidden_size * m * m),
+        (
+            "projector merged width (hidden·merge²)",
+            v.hidden_size * m * m,
+        ),
         ("text hidden_size", t.hidden_size),
-        ("text attention width (heads·head_dim)", t.num_heads * t.head_dim),
+        (
+            "text attention width (heads·head_dim)",
+            t.num_heads * t.head_dim,
+        ),
         ("text intermediate_size", t.intermediate_size),
     ];
     for (what, k) in dims {
-        crate::quant::check_block_size(q.block_size, k, what).map_err(|e| ExportError::Invalid(format!("--block-size: {e}")))?;
+        crate::quant::check_block_size(q.block_size, k, what)
+            .map_err(|e| ExportError::Invalid(format!("--block-size: {e}")))?;
     }
     Ok(())
 }
@@ -383,7 +401,11 @@ pub fn export(
         ir_version: crate::graph::IR_VERSION,
         opset: OPSET,
         precisions: opts.precisions.clone(),
-        int4: opts.precisions.iter().any(|p| p.is_int4()).then_some(opts.int4),
+        int4: opts
+            .precisions
+            .iter()
+            .any(|p| p.is_int4())
+            .then_some(opts.int4),
         model: cfg,
         graphs,
     };

@@ -53,6 +53,10 @@ pub struct Quant {
     pub format: Int4Format,
     /// Quantize the lm_head as well (it is the largest single matrix).
     pub lm_head: bool,
+    /// `accuracy_level` attribute of `MatMulNBits` nodes (0 = float compute, 4 = int8
+    /// activations on CPU); QDQ graphs get theirs from the session option
+    /// `session.qdq_matmulnbits_accuracy_level` instead.
+    pub accuracy_level: u8,
 }
 
 /// Most negative finite f32: masked scores (a fully masked row stays finite, never NaN).
@@ -107,12 +111,25 @@ fn linear_int4(
     match q.format {
         Int4Format::Qdq => {
             let packed = crate::quant::pack_int4_rows(&bq.q);
-            let wq = g.initializer(&format!("{name}_int4"), DType::I4, &[inp as i64, out as i64], packed)?;
-            let sc = g.weight(&format!("{name}_scale"), e.act, &[blocks, out as i64], &bq.scales)?;
+            let wq = g.initializer(
+                &format!("{name}_int4"),
+                DType::I4,
+                &[inp as i64, out as i64],
+                packed,
+            )?;
+            let sc = g.weight(
+                &format!("{name}_scale"),
+                e.act,
+                &[blocks, out as i64],
+                &bq.scales,
+            )?;
             let dq = g.op(
                 "DequantizeLinear",
                 &[&wq, &sc],
-                &[("axis", Attr::Int(0)), ("block_size", Attr::Int(q.block_size as i64))],
+                &[
+                    ("axis", Attr::Int(0)),
+                    ("block_size", Attr::Int(q.block_size as i64)),
+                ],
             );
             Ok(g.op("MatMul", &[x, &dq], &[]))
         }
@@ -124,7 +141,12 @@ fn linear_int4(
                 &[out as i64, blocks, (q.block_size / 2) as i64],
                 b,
             )?;
-            let sc = g.weight(&format!("{name}_scales"), e.act, &[out as i64 * blocks], &scales)?;
+            let sc = g.weight(
+                &format!("{name}_scales"),
+                e.act,
+                &[out as i64 * blocks],
+                &scales,
+            )?;
             Ok(g.op_in(
                 "com.microsoft",
                 "MatMulNBits",
@@ -134,6 +156,7 @@ fn linear_int4(
                     ("N", Attr::Int(out as i64)),
                     ("bits", Attr::Int(4)),
                     ("block_size", Attr::Int(q.block_size as i64)),
+                    ("accuracy_level", Attr::Int(q.accuracy_level as i64)),
                 ],
             ))
         }

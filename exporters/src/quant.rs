@@ -26,7 +26,9 @@ pub struct BlockQuant {
 /// Checks a block size: a power of two ≥ 16 that divides `k`.
 pub fn check_block_size(block_size: usize, k: usize, tensor: &str) -> Result<(), String> {
     if block_size < 16 || !block_size.is_power_of_two() {
-        return Err(format!("block size {block_size} must be a power of two >= 16"));
+        return Err(format!(
+            "block size {block_size} must be a power of two >= 16"
+        ));
     }
     if k % block_size != 0 {
         return Err(format!(
@@ -64,7 +66,13 @@ pub fn quantize(w: &[f32], k: usize, n: usize, block_size: usize) -> BlockQuant 
             }
         })
         .collect();
-    BlockQuant { k, n, block_size, q, scales }
+    BlockQuant {
+        k,
+        n,
+        block_size,
+        q,
+        scales,
+    }
 }
 
 impl BlockQuant {
@@ -143,7 +151,9 @@ mod tests {
     #[test]
     fn matmulnbits_layout_is_transposed_with_offset_eight() {
         let (k, n) = (32, 3);
-        let w: Vec<f32> = (0..k * n).map(|i| ((i * 37 % 17) as f32 - 8.0) / 3.0).collect();
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) / 3.0)
+            .collect();
         let q = quantize(&w, k, n, 16);
         let (b, s) = pack_matmulnbits(&q);
         assert_eq!(b.len(), n * 2 * 8);
@@ -152,7 +162,11 @@ mod tests {
             for r in 0..k {
                 let (blk, within) = (r / 16, r % 16);
                 let byte = b[(col * 2 + blk) * 8 + within / 2];
-                let nib = if within % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                let nib = if within % 2 == 0 {
+                    byte & 0x0f
+                } else {
+                    byte >> 4
+                };
                 assert_eq!(nib as i8 - 8, q.q[r * n + col]);
             }
             assert_eq!(s[col * 2 + 1], q.scales[n + col]);
@@ -162,8 +176,12 @@ mod tests {
     #[test]
     fn block_sizes_are_validated() {
         assert!(check_block_size(32, 1024, "w").is_ok());
-        assert!(check_block_size(48, 1024, "w").unwrap_err().contains("power of two"));
+        assert!(check_block_size(48, 1024, "w")
+            .unwrap_err()
+            .contains("power of two"));
         assert!(check_block_size(8, 1024, "w").is_err());
-        assert!(check_block_size(128, 96, "w").unwrap_err().contains("does not divide"));
+        assert!(check_block_size(128, 96, "w")
+            .unwrap_err()
+            .contains("does not divide"));
     }
 }
