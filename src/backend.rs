@@ -19,7 +19,10 @@ pub enum BackendError {
 impl BackendError {
     /// A runtime failure in `part` (e.g. `decoder_model_merged.onnx`).
     pub fn runtime(part: &str, e: impl std::fmt::Display) -> BackendError {
-        BackendError::Runtime { part: part.to_string(), message: e.to_string() }
+        BackendError::Runtime {
+            part: part.to_string(),
+            message: e.to_string(),
+        }
     }
 }
 

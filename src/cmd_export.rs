@@ -3,6 +3,9 @@
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use ocrctl::calibrate;
+use ocrctl::ortmodel::{LoadOptions, OrtModel};
+use ocrctl_exporters::awq::ActivationStats;
 use ocrctl_exporters::export::{
     export, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE,
 };
@@ -47,6 +50,70 @@ pub struct ExportArgs {
     /// activations on CPU). QDQ graphs take it from `ocrctl ocr --accuracy-level`.
     #[arg(long, default_value_t = DEFAULT_ACCURACY_LEVEL, value_parser = clap::value_parser!(u8).range(0..=4))]
     accuracy_level: u8,
+    /// Activation-aware (AWQ-style) INT4 scales from the images in this folder (PNG, JPEG,
+    /// WebP, TIFF): the fp32 graphs run on them first. Without it: round-to-nearest.
+    #[arg(long)]
+    calibrate: Option<PathBuf>,
+    /// Path of libonnxruntime.so for --calibrate (default: found automatically).
+    #[arg(long, env = "OCRCTL_ORT_LIB")]
+    ort_lib: Option<PathBuf>,
+}
+
+/// Exports calibration graphs next to `--out`, runs them on the folder's images and returns
+/// the activation statistics. Nothing is left behind.
+fn calibrate(
+    opts: &ExportOptions,
+    dir: &std::path::Path,
+    ort_lib: Option<PathBuf>,
+) -> anyhow::Result<ActivationStats> {
+    if !opts.precisions.iter().any(|p| p.is_int4()) {
+        anyhow::bail!(
+            "--calibrate only applies to int4 precisions (--precision int4 or int4-fp16)"
+        );
+    }
+    let images = calibrate::image_files(dir)?;
+    if images.is_empty() {
+        anyhow::bail!(
+            "--calibrate {}: no image files (png, jpg, webp, tif) in this folder",
+            dir.display()
+        );
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix(".ocrctl-calib-")
+        .tempdir_in(
+            opts.out
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new(".")),
+        )?;
+    let calib_out = scratch.path().join("graphs");
+    let copts = ExportOptions {
+        out: calib_out.clone(),
+        precisions: vec![Precision::Fp32],
+        target: Target::Ort,
+        force: true,
+        awq: None,
+        calibration_graphs: true,
+        ..opts.clone()
+    };
+    eprintln!(
+        "calibrating on {} image(s) from {}",
+        images.len(),
+        dir.display()
+    );
+    export(&copts, &mut |_| {})?;
+    let mut lo = LoadOptions::new(Precision::Fp32);
+    lo.ort_lib = ort_lib;
+    let mut model = OrtModel::load(&calib_out, &lo)?;
+    let (stats, used) = calibrate::collect(&mut model, &calib_out, &images)?;
+    if used == 0 {
+        anyhow::bail!(
+            "--calibrate {}: none of the {} image file(s) could be read",
+            dir.display(),
+            images.len()
+        );
+    }
+    Ok(stats)
 }
 
 fn parse_format(s: &str) -> Result<Int4Format, String> {
@@ -90,8 +157,14 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             lm_head: !a.lm_head_16bit,
             accuracy_level: a.accuracy_level,
         },
+        awq: None,
+        calibration_graphs: false,
     };
     let start = Instant::now();
+    let mut opts = opts;
+    if let Some(dir) = &a.calibrate {
+        opts.awq = Some(calibrate(&opts, dir, a.ort_lib.clone())?);
+    }
     let style =
         ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} layers {elapsed}")
             .expect("valid template")

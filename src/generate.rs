@@ -54,7 +54,12 @@ pub fn merge_image_features(
     image_token_id: u32,
     features: &Array2<f32>,
 ) -> Result<(), BackendError> {
-    let positions: Vec<usize> = ids.iter().enumerate().filter(|(_, t)| **t == image_token_id).map(|(i, _)| i).collect();
+    let positions: Vec<usize> = ids
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == image_token_id)
+        .map(|(i, _)| i)
+        .collect();
     if positions.len() != features.nrows() {
         return Err(BackendError::Invalid(format!(
             "the prompt has {} image tokens (id {image_token_id}) but the vision encoder produced {} features",
@@ -88,13 +93,26 @@ pub fn argmax_and_top_k(logits: &[f32], k: usize) -> (u32, Vec<TokenLogprob>) {
         return (best as u32, Vec::new());
     }
     let max = logits[best] as f64;
-    let lse = max + logits.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln();
+    let lse = max
+        + logits
+            .iter()
+            .map(|v| (*v as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     let k = k.min(logits.len());
-    idx.select_nth_unstable_by(k - 1, |a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
+    idx.select_nth_unstable_by(k - 1, |a, b| {
+        logits[*b].total_cmp(&logits[*a]).then(a.cmp(b))
+    });
     idx.truncate(k);
     idx.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
-    let top = idx.into_iter().map(|i| TokenLogprob { id: i as u32, logprob: (logits[i] as f64 - lse) as f32 }).collect();
+    let top = idx
+        .into_iter()
+        .map(|i| TokenLogprob {
+            id: i as u32,
+            logprob: (logits[i] as f64 - lse) as f32,
+        })
+        .collect();
     (best as u32, top)
 }
 
@@ -110,7 +128,11 @@ pub fn generate_greedy<B: Backend>(
     if let Some(f) = image_features {
         merge_image_features(&mut embeds, prompt_ids, image_token_id, f)?;
     }
-    let mut out = Generation { token_ids: Vec::new(), top_logprobs: Vec::new(), finish_reason: FinishReason::Length };
+    let mut out = Generation {
+        token_ids: Vec::new(),
+        top_logprobs: Vec::new(),
+        finish_reason: FinishReason::Length,
+    };
     if opts.max_new_tokens == 0 {
         return Ok(out);
     }
@@ -165,9 +187,15 @@ mod tests {
             unreachable!()
         }
         fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| ids[i] as f32))
+            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
+                ids[i] as f32
+            }))
         }
-        fn forward(&mut self, e: Array2<f32>, cache: Option<usize>) -> Result<(Vec<f32>, usize), BackendError> {
+        fn forward(
+            &mut self,
+            e: Array2<f32>,
+            cache: Option<usize>,
+        ) -> Result<(Vec<f32>, usize), BackendError> {
             self.forwards += 1;
             let last = e[[e.nrows() - 1, 0]] as usize;
             let mut l = vec![0.0; self.vocab];
@@ -178,8 +206,16 @@ mod tests {
 
     #[test]
     fn greedy_stops_on_stop_ids_unless_ignored() {
-        let mut b = Counter { vocab: 10, forwards: 0 };
-        let mut opts = GreedyOptions { max_new_tokens: 20, top_logprobs: 2, stop_ids: vec![7], ignore_eos: false };
+        let mut b = Counter {
+            vocab: 10,
+            forwards: 0,
+        };
+        let mut opts = GreedyOptions {
+            max_new_tokens: 20,
+            top_logprobs: 2,
+            stop_ids: vec![7],
+            ignore_eos: false,
+        };
         let g = generate_greedy(&mut b, &[3, 4], 99, None, &opts).unwrap();
         assert_eq!(g.token_ids, vec![5, 6, 7]);
         assert_eq!(g.finish_reason, FinishReason::Stop);

@@ -7,6 +7,7 @@
 //! The binary (`src/main.rs`) is a thin CLI over these modules.
 
 pub mod backend;
+pub mod calibrate;
 pub mod eval;
 pub mod generate;
 pub mod ortlib;

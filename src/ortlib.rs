@@ -49,7 +49,11 @@ fn site_packages_under(prefix: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(&lib)
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("python3")))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("python3"))
+                })
                 .map(|p| p.join("site-packages/onnxruntime/capi"))
                 .collect()
         })
@@ -60,7 +64,10 @@ fn site_packages_under(prefix: &Path) -> Vec<PathBuf> {
 
 fn python_site_dir() -> Option<PathBuf> {
     let out = std::process::Command::new("python3")
-        .args(["-c", "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))"])
+        .args([
+            "-c",
+            "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))",
+        ])
         .stderr(std::process::Stdio::null())
         .output()
         .ok()?;
@@ -104,7 +111,10 @@ pub fn find(explicit: Option<&Path>) -> Result<PathBuf, OrtLibError> {
         return if p.is_file() {
             Ok(p.to_path_buf())
         } else {
-            Err(OrtLibError::Missing { path: p.to_path_buf(), origin: "--ort-lib/OCRCTL_ORT_LIB".into() })
+            Err(OrtLibError::Missing {
+                path: p.to_path_buf(),
+                origin: "--ort-lib/OCRCTL_ORT_LIB".into(),
+            })
         };
     }
     let dirs = candidate_dirs();
@@ -120,23 +130,33 @@ pub fn find(explicit: Option<&Path>) -> Result<PathBuf, OrtLibError> {
             seen.push(s);
         }
     }
-    Err(OrtLibError::NotFound { searched: seen.join("\n  ") })
+    Err(OrtLibError::NotFound {
+        searched: seen.join("\n  "),
+    })
 }
 
 static ENV: OnceLock<(PathBuf, ort::environment::Environment)> = OnceLock::new();
 
 /// Loads ONNX Runtime once per process and returns the environment and library path.
-pub fn environment(explicit: Option<&Path>) -> Result<(&'static Path, ort::environment::Environment), OrtLibError> {
+pub fn environment(
+    explicit: Option<&Path>,
+) -> Result<(&'static Path, ort::environment::Environment), OrtLibError> {
     if let Some((p, env)) = ENV.get() {
         return Ok((p.as_path(), env.clone()));
     }
     let path = find(explicit)?;
     let env = ort::init_from(&path)
-        .map_err(|e| OrtLibError::Load { path: path.clone(), message: e.to_string() })?
+        .map_err(|e| OrtLibError::Load {
+            path: path.clone(),
+            message: e.to_string(),
+        })?
         .with_name("ocrctl")
         .with_telemetry(false)
         .build()
-        .map_err(|e| OrtLibError::Load { path: path.clone(), message: e.to_string() })?;
+        .map_err(|e| OrtLibError::Load {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
     let (p, env) = ENV.get_or_init(|| (path, env));
     Ok((p.as_path(), env.clone()))
 }
@@ -148,7 +168,11 @@ mod tests {
     #[test]
     fn explicit_missing_library_is_named() {
         let e = find(Some(Path::new("/nonexistent/libonnxruntime.so.1.31.1"))).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/libonnxruntime.so.1.31.1"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("/nonexistent/libonnxruntime.so.1.31.1"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -156,6 +180,9 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("libonnxruntime.so.1.31.1"), b"").unwrap();
         std::fs::write(d.path().join("libonnxruntime_providers_shared.so"), b"").unwrap();
-        assert_eq!(libs_in(d.path()).unwrap(), d.path().join("libonnxruntime.so.1.31.1"));
+        assert_eq!(
+            libs_in(d.path()).unwrap(),
+            d.path().join("libonnxruntime.so.1.31.1")
+        );
     }
 }

@@ -69,6 +69,7 @@ pub struct OrtModel {
     kv_heads: usize,
     head_dim: usize,
     hidden: usize,
+    tap: Option<Tap>,
 }
 
 fn session(
@@ -168,9 +169,38 @@ impl OrtModel {
             kv_heads: t.num_kv_heads,
             head_dim: t.head_dim,
             hidden: t.hidden_size,
+            tap: None,
             dir: dir.to_path_buf(),
             manifest,
         })
+    }
+}
+
+/// Receives calibration outputs: weight name, shape and values.
+pub type Tap = Box<dyn FnMut(&str, &[usize], &[f32]) + Send>;
+
+impl OrtModel {
+    /// Sends every `calib.*` output of later runs (calibration exports only) to `tap`.
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        self.tap = tap;
+    }
+}
+
+fn tap_outputs(
+    tap: &mut Option<Tap>,
+    out: &ort::session::SessionOutputs<'_>,
+    part: &str,
+) -> Result<(), BackendError> {
+    {
+        if let Some(tap) = tap.as_mut() {
+            for (name, v) in out.iter() {
+                if let Some(weight) = name.strip_prefix(ocrctl_exporters::layers::CALIB_PREFIX) {
+                    let (shape, data) = read_f(&v, part)?;
+                    tap(weight, &shape, &data);
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -202,6 +232,7 @@ impl Backend for OrtModel {
                 SessionInputValue::from(input),
             )])
             .map_err(|e| BackendError::runtime(PART, e))?;
+        tap_outputs(&mut self.tap, &out, PART)?;
         let v = out
             .remove("image_features")
             .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
@@ -282,6 +313,7 @@ impl Backend for OrtModel {
             .decoder
             .run(inputs)
             .map_err(|e| BackendError::runtime(PART, e))?;
+        tap_outputs(&mut self.tap, &out, PART)?;
         let logits = out
             .remove("logits")
             .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;

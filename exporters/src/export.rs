@@ -107,6 +107,11 @@ pub struct ExportOptions {
     pub force: bool,
     /// INT4 settings used by the `int4` precisions.
     pub int4: Quant,
+    /// Activation statistics for AWQ-style scaling of INT4 weights (none: round-to-nearest).
+    pub awq: Option<crate::awq::ActivationStats>,
+    /// Write calibration graphs (every Linear input exposed as an output) instead of a
+    /// deployable export; used internally by `--calibrate`.
+    pub calibration_graphs: bool,
 }
 
 /// Default `MatMulNBits` accuracy level (ONNX Runtime's own default for fused QDQ nodes).
@@ -130,6 +135,8 @@ impl ExportOptions {
                 lm_head: true,
                 accuracy_level: DEFAULT_ACCURACY_LEVEL,
             },
+            awq: None,
+            calibration_graphs: false,
         }
     }
 }
@@ -210,6 +217,9 @@ pub struct Manifest {
     pub precisions: Vec<Precision>,
     /// INT4 settings, when an int4 precision was exported.
     pub int4: Option<Quant>,
+    /// AWQ-style scale choices per Linear group, when calibrated (`None`: round-to-nearest).
+    #[serde(default)]
+    pub awq: Option<Vec<crate::awq::GroupChoice>>,
     pub model: ModelConfig,
     /// precision → part (`vision_encoder`, `embed_tokens`, `decoder_model_merged`) → graph.
     pub graphs: BTreeMap<Precision, BTreeMap<String, GraphInfo>>,
@@ -339,16 +349,40 @@ pub fn export(
         digest.update(f.sha256.as_bytes());
     }
 
+    let awq_plan = match (&opts.awq, opts.precisions.iter().any(|p| p.is_int4())) {
+        (Some(stats), true) => {
+            progress(Progress::Begin {
+                part: "awq scale search".into(),
+                steps: 0,
+            });
+            let plan = crate::awq::plan(&cfg, weights.as_ref(), stats, opts.int4.block_size)?;
+            progress(Progress::End);
+            Some(plan)
+        }
+        _ => None,
+    };
     let mut graphs = BTreeMap::new();
     for &prec in &opts.precisions {
         let e = Emit {
             act: prec.dtype(),
             target: opts.target,
             quant: prec.is_int4().then_some(opts.int4),
+            calibrate: opts.calibration_graphs,
         };
         let sfx = prec.suffix();
         let mut parts = BTreeMap::new();
-        let w = weights.as_ref();
+        let awq_weights =
+            awq_plan
+                .as_ref()
+                .filter(|_| prec.is_int4())
+                .map(|plan| crate::awq::AwqWeights {
+                    inner: weights.as_ref(),
+                    plan,
+                });
+        let w: &dyn Weights = match &awq_weights {
+            Some(a) => a,
+            None => weights.as_ref(),
+        };
 
         progress(Progress::Begin {
             part: format!("vision_encoder{sfx}"),
@@ -406,6 +440,7 @@ pub fn export(
             .iter()
             .any(|p| p.is_int4())
             .then_some(opts.int4),
+        awq: awq_plan.map(|p| p.choices),
         model: cfg,
         graphs,
     };

@@ -10,7 +10,7 @@
 //! weight multiply; attention softmax runs in float32.
 
 use crate::checkpoint::Weights;
-use crate::graph::{Attr, DType, Graph, Value};
+use crate::graph::{Attr, DType, Dim, Graph, Value};
 use crate::ExportError;
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +33,13 @@ pub struct Emit {
     pub target: Target,
     /// INT4 weights for Linear layers, if any.
     pub quant: Option<Quant>,
+    /// Expose every Linear's input as an extra output `calib.<weight name>` (`[rows, K]`),
+    /// for activation-aware calibration runs.
+    pub calibrate: bool,
 }
+
+/// Prefix of the calibration outputs added when [`Emit::calibrate`] is set.
+pub const CALIB_PREFIX: &str = "calib.";
 
 /// How INT4 Linear weights are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +79,17 @@ pub fn linear(
     out: usize,
     inp: usize,
 ) -> Result<Value, ExportError> {
+    if e.calibrate {
+        let shape = g.const_i64(&[-1, inp as i64]);
+        let flat = g.op("Reshape", &[x, &shape], &[]);
+        let out = format!("{CALIB_PREFIX}{name}");
+        g.output(
+            &flat,
+            &out,
+            e.act,
+            &[Dim::Named(format!("rows_{name}")), Dim::Fixed(inp as i64)],
+        );
+    }
     match e.quant {
         Some(q) if q.lm_head || !is_lm_head(name) => linear_int4(g, e, q, w, x, name, out, inp),
         _ => {

@@ -19,6 +19,7 @@
 //! export(&opts, &mut |_| {}).unwrap();
 //! ```
 
+pub mod awq;
 pub mod checkpoint;
 pub mod config;
 pub mod decoder;

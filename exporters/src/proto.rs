@@ -117,3 +117,165 @@ mod tests {
         );
     }
 }
+
+/// A minimal reader for the same wire format, enough to inspect a model ONNX Runtime has
+/// written (e.g. which ops its optimiser produced). Unknown fields are skipped.
+pub mod read {
+    /// One decoded field: number and payload.
+    #[derive(Debug, Clone, Copy)]
+    pub enum Field<'a> {
+        Varint(u32, u64),
+        Bytes(u32, &'a [u8]),
+        Fixed(u32),
+    }
+
+    fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *b.get(*pos)?;
+            *pos += 1;
+            v |= ((byte & 0x7f) as u64) << shift;
+            if byte < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    /// Decodes the top-level fields of one message; `None` on malformed input.
+    pub fn fields(b: &[u8]) -> Option<Vec<Field<'_>>> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < b.len() {
+            let key = varint(b, &mut pos)?;
+            let (num, wire) = ((key >> 3) as u32, key & 7);
+            match wire {
+                0 => out.push(Field::Varint(num, varint(b, &mut pos)?)),
+                1 => {
+                    pos += 8;
+                    out.push(Field::Fixed(num));
+                }
+                2 => {
+                    let len = varint(b, &mut pos)? as usize;
+                    let end = pos.checked_add(len).filter(|e| *e <= b.len())?;
+                    out.push(Field::Bytes(num, &b[pos..end]));
+                    pos = end;
+                }
+                5 => {
+                    pos += 4;
+                    out.push(Field::Fixed(num));
+                }
+                _ => return None,
+            }
+        }
+        (pos == b.len()).then_some(out)
+    }
+
+    /// A node's domain and operator type.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct NodeSummary {
+        pub domain: String,
+        pub op_type: String,
+    }
+
+    /// An initializer's name, `TensorProto.DataType` code and element count.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct InitSummary {
+        pub name: String,
+        pub data_type: i64,
+        pub elements: u64,
+    }
+
+    fn text(b: &[u8]) -> String {
+        String::from_utf8_lossy(b).into_owned()
+    }
+
+    /// Nodes and initializers of the main graph of a serialized `ModelProto`.
+    pub fn summarize(model: &[u8]) -> Option<(Vec<NodeSummary>, Vec<InitSummary>)> {
+        let graph = fields(model)?.into_iter().find_map(|f| match f {
+            Field::Bytes(7, g) => Some(g),
+            _ => None,
+        })?;
+        let (mut nodes, mut inits) = (Vec::new(), Vec::new());
+        for f in fields(graph)? {
+            match f {
+                Field::Bytes(1, n) => {
+                    let mut s = NodeSummary {
+                        domain: String::new(),
+                        op_type: String::new(),
+                    };
+                    for nf in fields(n)? {
+                        match nf {
+                            Field::Bytes(4, v) => s.op_type = text(v),
+                            Field::Bytes(7, v) => s.domain = text(v),
+                            _ => {}
+                        }
+                    }
+                    nodes.push(s);
+                }
+                Field::Bytes(5, t) => {
+                    let mut s = InitSummary {
+                        name: String::new(),
+                        data_type: 0,
+                        elements: 1,
+                    };
+                    for tf in fields(t)? {
+                        match tf {
+                            Field::Bytes(8, v) => s.name = text(v),
+                            Field::Varint(2, v) => s.data_type = v as i64,
+                            Field::Varint(1, d) => s.elements *= d,
+                            Field::Bytes(1, packed) => {
+                                let mut p = 0;
+                                while p < packed.len() {
+                                    s.elements *= varint(packed, &mut p)?;
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    inits.push(s);
+                }
+                _ => {}
+            }
+        }
+        Some((nodes, inits))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::graph::{DType, Dim, Graph};
+
+        #[test]
+        fn a_written_graph_reads_back() {
+            let d = tempfile::tempdir().unwrap();
+            let mut g = Graph::create(d.path(), "m").unwrap();
+            let x = g.input("x", DType::F32, &[Dim::Fixed(2)]);
+            let w = g
+                .weight("w", DType::F32, &[2, 300], &vec![0.5; 600])
+                .unwrap();
+            let y = g.op("MatMul", &[&x, &w], &[]);
+            let y = g.op_in("com.microsoft", "Gelu", &[&y], &[]);
+            g.output(&y, "y", DType::F32, &[Dim::Fixed(300)]);
+            g.finish(&[("", 21)], &[]).unwrap();
+            let bytes = std::fs::read(d.path().join("m.onnx")).unwrap();
+            let (nodes, inits) = summarize(&bytes).unwrap();
+            let ops: Vec<_> = nodes
+                .iter()
+                .map(|n| (n.domain.as_str(), n.op_type.as_str()))
+                .collect();
+            assert_eq!(
+                ops,
+                vec![("", "MatMul"), ("com.microsoft", "Gelu"), ("", "Identity")]
+            );
+            assert_eq!(
+                inits,
+                vec![InitSummary {
+                    name: "w".into(),
+                    data_type: 1,
+                    elements: 600
+                }]
+            );
+        }
+    }
+}
