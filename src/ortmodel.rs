@@ -72,10 +72,31 @@ pub struct OrtModel {
     tap: Option<Tap>,
 }
 
+/// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
+/// (after its optimisations and fusions) to `optimized`. Used to inspect fusions such as
+/// DequantizeLinear + MatMul → MatMulNBits.
+pub fn write_optimized_graph(
+    model: &Path,
+    optimized: &Path,
+    opts: &LoadOptions,
+) -> Result<(), LoadError> {
+    let (_, env) = crate::ortlib::environment(opts.ort_lib.as_deref())?;
+    session_with(&env, model, opts, Some(optimized)).map(|_| ())
+}
+
 fn session(
     env: &ort::environment::Environment,
     path: &Path,
     opts: &LoadOptions,
+) -> Result<Session, LoadError> {
+    session_with(env, path, opts, None)
+}
+
+fn session_with(
+    env: &ort::environment::Environment,
+    path: &Path,
+    opts: &LoadOptions,
+    optimized: Option<&Path>,
 ) -> Result<Session, LoadError> {
     let build = || -> ort::Result<Session> {
         let mut b = Session::builder(env)?
@@ -87,6 +108,9 @@ fn session(
             )?;
         if opts.threads > 0 {
             b = b.with_intra_threads(opts.threads)?;
+        }
+        if let Some(p) = optimized {
+            b = b.with_optimized_model_path(p)?;
         }
         Ok(b.commit_from_file(path)?)
     };
