@@ -13,4 +13,6 @@ pub mod generate;
 pub mod ortlib;
 pub mod ortmodel;
 pub mod preprocess;
+pub mod profile;
 pub mod prompt;
+pub mod sampling;

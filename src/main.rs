@@ -5,6 +5,7 @@
 //! ocrctl ocr --model out/tiny --max-tokens 64 --temperature 0 --json page.png
 //! ```
 
+mod cmd_bench;
 mod cmd_eval;
 mod cmd_export;
 mod cmd_ocr;
@@ -28,6 +29,8 @@ enum Command {
     Ocr(cmd_ocr::OcrArgs),
     /// Compare a candidate export (e.g. int4) with a reference (e.g. fp32), teacher-forced.
     Eval(cmd_eval::EvalArgs),
+    /// Time the vision encoder, prefill and decoding on synthetic pages.
+    Bench(cmd_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
         Command::Export(a) => cmd_export::run(a),
         Command::Ocr(a) => cmd_ocr::run(a),
         Command::Eval(a) => cmd_eval::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,202 @@
+//! `ocrctl bench`: phase timings of an exported model on synthetic pages.
+//!
+//! For each page size: vision encoder ms, prefill ms (embeddings + image merge + decoder over
+//! the prompt), time to first token, and decode tokens/s over a fixed number of new tokens
+//! (end-of-sequence ignored: random weights never stop on their own). Medians over `--runs`
+//! repetitions after one warm-up, plus the process's peak resident memory.
+//!
+//! ```text
+//! ocrctl export --checkpoint dummy:lightonocr-2-1b --out out/dummy --precision fp32,int4
+//! ocrctl bench --model out/dummy --precision int4 --sizes 768x544,1540x1092 --new-tokens 32
+//! ```
+
+use anyhow::Context;
+use clap::Args;
+use ocrctl::backend::Backend;
+use ocrctl::generate::merge_image_features;
+use ocrctl::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::preprocess::{self, PreprocessConfig};
+use ocrctl::prompt::Prompter;
+use ocrctl_exporters::export::Precision;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Arguments of `ocrctl bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Exported model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Precision to run: fp32, fp16, int4 or int4-fp16.
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    /// Page sizes WIDTHxHEIGHT in pixels (an A4 page at 1540 px is 1092x1540).
+    #[arg(long, value_delimiter = ',', default_value = "1092x1540,544x768")]
+    sizes: Vec<String>,
+    /// New tokens decoded per run.
+    #[arg(long, default_value_t = 32)]
+    new_tokens: usize,
+    /// Timed runs per size (after one warm-up run).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// `session.qdq_matmulnbits_accuracy_level` for int4 on the CPU.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
+    accuracy_level: u8,
+    /// ONNX Runtime intra-op threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Path of libonnxruntime.so (default: found automatically).
+    #[arg(long, env = "OCRCTL_ORT_LIB")]
+    ort_lib: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
+    let (w, h) = s
+        .split_once('x')
+        .with_context(|| format!("--sizes: `{s}` is not WIDTHxHEIGHT"))?;
+    Ok((
+        w.trim()
+            .parse()
+            .with_context(|| format!("--sizes: width in `{s}`"))?,
+        h.trim()
+            .parse()
+            .with_context(|| format!("--sizes: height in `{s}`"))?,
+    ))
+}
+
+/// A deterministic page-like image: light background with dark horizontal strokes.
+pub fn synthetic_page(width: u32, height: u32) -> image::RgbImage {
+    image::RgbImage::from_fn(width, height, |x, y| {
+        let line =
+            (y / 18) % 3 != 0 && ((x / 7 + y / 18) * 2654435761u32) % 5 != 0 && (y % 18) < 10;
+        let v = if line {
+            30
+        } else {
+            235 + ((x * 31 + y * 17) % 16) as u8
+        };
+        image::Rgb([v, v, v])
+    })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// Peak resident set size of this process in MiB (Linux `VmHWM`).
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Runs the benchmark and prints the table (or JSON).
+pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let precision = Precision::parse(&a.precision).context("--precision")?;
+    let opts = LoadOptions {
+        precision,
+        threads: a.threads,
+        ort_lib: a.ort_lib.clone(),
+        accuracy_level: a.accuracy_level,
+    };
+    let t0 = Instant::now();
+    let mut model = OrtModel::load(&a.model, &opts)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let cfg = model.manifest.model.clone();
+    let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;
+    let pre = PreprocessConfig::from_model_dir(
+        &a.model,
+        cfg.vision.patch_size as u32,
+        cfg.spatial_merge_size as u32,
+    )?;
+    let mut rows = Vec::new();
+    for s in &a.sizes {
+        let (w, h) = parse_size(s)?;
+        let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
+        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let (mut vis, mut pf, mut dec) = (Vec::new(), Vec::new(), Vec::new());
+        for run in 0..=a.runs {
+            let t = Instant::now();
+            let feats = model.encode_image(&p.pixel_values)?;
+            let v_ms = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            let mut e = model.embed(&ids)?;
+            merge_image_features(&mut e, &ids, cfg.image_token_id, &feats)?;
+            let (mut logits, mut cache) = model.forward(e, None)?;
+            let p_ms = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            for _ in 0..a.new_tokens {
+                let next = ocrctl::generate::argmax_and_top_k(&logits, 0).0;
+                let e = model.embed(&[next])?;
+                (logits, cache) = model.forward(e, Some(cache))?;
+            }
+            let d_s = t.elapsed().as_secs_f64();
+            if run > 0 {
+                vis.push(v_ms);
+                pf.push(p_ms);
+                dec.push(a.new_tokens as f64 / d_s);
+            }
+        }
+        let (v, pr) = (median(&mut vis), median(&mut pf));
+        rows.push(json!({
+            "size": format!("{}x{}", p.width, p.height),
+            "image_tokens": p.num_image_tokens,
+            "prompt_tokens": ids.len(),
+            "vision_ms": v,
+            "prefill_ms": pr,
+            "ttft_ms": v + pr,
+            "decode_tokens_per_s": median(&mut dec),
+            "runs": a.runs,
+        }));
+    }
+    let out = json!({
+        "model": a.model.display().to_string(),
+        "precision": precision.name(),
+        "new_tokens": a.new_tokens,
+        "threads": a.threads,
+        "load_s": load_s,
+        "peak_rss_mib": peak_rss_mib(),
+        "results": rows,
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        println!(
+            "model {} ({}), load {:.1}s, peak RSS {:.0} MiB",
+            a.model.display(),
+            precision.name(),
+            load_s,
+            peak_rss_mib().unwrap_or(f64::NAN)
+        );
+        println!(
+            "{:>10} {:>7} {:>11} {:>11} {:>10} {:>12}",
+            "size", "tokens", "vision ms", "prefill ms", "TTFT ms", "decode tok/s"
+        );
+        for r in out["results"].as_array().into_iter().flatten() {
+            println!(
+                "{:>10} {:>7} {:>11.1} {:>11.1} {:>10.1} {:>12.2}",
+                r["size"].as_str().unwrap_or(""),
+                r["image_tokens"],
+                r["vision_ms"].as_f64().unwrap_or(f64::NAN),
+                r["prefill_ms"].as_f64().unwrap_or(f64::NAN),
+                r["ttft_ms"].as_f64().unwrap_or(f64::NAN),
+                r["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
