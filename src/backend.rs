@@ -47,4 +47,23 @@ pub trait Backend {
         embeds: Array2<f32>,
         cache: Option<Self::Cache>,
     ) -> Result<(Vec<f32>, Self::Cache), BackendError>;
+
+    /// One decoding step for several sequences at once: `tokens[i]` follows `caches[i]`.
+    /// Returns each sequence's logits and extended cache, in order. The default runs them
+    /// one by one; backends override it with a padded batch.
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<Self::Cache>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<Self::Cache>), BackendError> {
+        let mut logits = Vec::with_capacity(tokens.len());
+        let mut out = Vec::with_capacity(tokens.len());
+        for (t, c) in tokens.iter().zip(caches) {
+            let e = self.embed(&[*t])?;
+            let (l, c) = self.forward(e, Some(c))?;
+            logits.push(l);
+            out.push(c);
+        }
+        Ok((logits, out))
+    }
 }

@@ -24,6 +24,8 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` was reached.
     Length,
+    /// The loop guard saw the output repeating itself and stopped it.
+    Repetition,
 }
 
 /// Settings for [`generate_greedy`].

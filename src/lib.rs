@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod calibrate;
+pub mod engine;
 pub mod eval;
 pub mod generate;
 pub mod ortlib;

@@ -356,4 +356,144 @@ impl Backend for OrtModel {
         }
         Ok((last, OrtCache { kv, len: past + s }))
     }
+
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<OrtCache>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
+        match self.act {
+            DType::F16 => self.decode_batch_t::<f16>(tokens, caches),
+            _ => self.decode_batch_t::<f32>(tokens, caches),
+        }
+    }
+}
+
+impl OrtModel {
+    /// Embeddings of one token per sequence: `[B, 1, hidden]` as a value of the graph dtype.
+    fn embed_column(&mut self, tokens: &[u32]) -> Result<DynValue, BackendError> {
+        const PART: &str = "embed_tokens";
+        let ids = i64_tensor(
+            vec![tokens.len() as i64, 1],
+            tokens.iter().map(|t| *t as i64).collect(),
+            PART,
+        )?;
+        let mut out = self
+            .embed
+            .run(vec![(Cow::from("input_ids"), SessionInputValue::from(ids))])
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        out.remove("inputs_embeds")
+            .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))
+    }
+
+    /// A padded batch step: each sequence's cache is left-padded to the longest one (masked
+    /// out through `attention_mask`), positions continue each sequence's own count, and the
+    /// presents are cut back to per-sequence caches. A sequence's result therefore does not
+    /// depend on what else is in the batch.
+    fn decode_batch_t<T>(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<OrtCache>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError>
+    where
+        T: ort::value::PrimitiveTensorElementType + Copy + Default + std::fmt::Debug + 'static,
+    {
+        const PART: &str = "decoder_model_merged";
+        let b = tokens.len();
+        if b != caches.len() || b == 0 {
+            return Err(BackendError::Invalid(format!(
+                "decode_batch: {b} tokens for {} caches",
+                caches.len()
+            )));
+        }
+        let (kvh, hd) = (self.kv_heads, self.head_dim);
+        let lens: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let p = *lens.iter().max().expect("non-empty batch");
+        let embeds = self.embed_column(tokens)?;
+        let mut inputs: Vec<(Cow<str>, SessionInputValue)> =
+            Vec::with_capacity(4 + 2 * self.layers);
+        inputs.push(("inputs_embeds".into(), embeds.into()));
+        let mut mask = vec![0i64; b * (p + 1)];
+        for (i, l) in lens.iter().enumerate() {
+            for j in p - l..=p {
+                mask[i * (p + 1) + j] = 1;
+            }
+        }
+        inputs.push((
+            "attention_mask".into(),
+            i64_tensor(vec![b as i64, (p + 1) as i64], mask, PART)?.into(),
+        ));
+        let pos: Vec<i64> = lens.iter().map(|l| *l as i64).collect();
+        inputs.push((
+            "position_ids".into(),
+            i64_tensor(vec![b as i64, 1], pos, PART)?.into(),
+        ));
+        inputs.push((
+            "num_logits_to_keep".into(),
+            i64_tensor(vec![], vec![1], PART)?.into(),
+        ));
+        let per_seq: Vec<Vec<DynValue>> = caches.into_iter().map(|c| c.kv).collect();
+        for j in 0..2 * self.layers {
+            let mut buf = vec![T::default(); b * kvh * p * hd];
+            for (i, seq) in per_seq.iter().enumerate() {
+                let (_, src) = seq[j]
+                    .try_extract_tensor::<T>()
+                    .map_err(|e| BackendError::runtime(PART, e))?;
+                let l = lens[i];
+                for h in 0..kvh {
+                    let dst = ((i * kvh + h) * p + (p - l)) * hd;
+                    buf[dst..dst + l * hd].copy_from_slice(&src[h * l * hd..(h + 1) * l * hd]);
+                }
+            }
+            let v = Tensor::from_array((vec![b as i64, kvh as i64, p as i64, hd as i64], buf))
+                .map_err(|e| BackendError::runtime(PART, e))?;
+            let kind = if j % 2 == 0 { "key" } else { "value" };
+            inputs.push((
+                format!("past_key_values.{}.{kind}", j / 2).into(),
+                v.into_dyn().into(),
+            ));
+        }
+        drop(per_seq);
+        let mut out = self
+            .decoder
+            .run(inputs)
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        tap_outputs(&mut self.tap, &out, PART)?;
+        let logits = out
+            .remove("logits")
+            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
+        let (shape, data) = read_f(&logits, PART)?;
+        let vocab = shape[2];
+        let logits: Vec<Vec<f32>> = data.chunks_exact(vocab).map(|c| c.to_vec()).collect();
+        let mut new: Vec<Vec<DynValue>> = (0..b)
+            .map(|_| Vec::with_capacity(2 * self.layers))
+            .collect();
+        for j in 0..2 * self.layers {
+            let kind = if j % 2 == 0 { "key" } else { "value" };
+            let name = format!("present.{}.{kind}", j / 2);
+            let v = out
+                .remove(&name)
+                .ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?;
+            let (_, src) = v
+                .try_extract_tensor::<T>()
+                .map_err(|e| BackendError::runtime(PART, e))?;
+            for (i, l) in lens.iter().enumerate() {
+                let (l1, off) = (l + 1, p - l);
+                let mut seq = Vec::with_capacity(kvh * l1 * hd);
+                for h in 0..kvh {
+                    let start = ((i * kvh + h) * (p + 1) + off) * hd;
+                    seq.extend_from_slice(&src[start..start + l1 * hd]);
+                }
+                let t = Tensor::from_array((vec![1, kvh as i64, l1 as i64, hd as i64], seq))
+                    .map_err(|e| BackendError::runtime(PART, e))?;
+                new[i].push(t.into_dyn());
+            }
+        }
+        let caches = new
+            .into_iter()
+            .zip(&lens)
+            .map(|(kv, l)| OrtCache { kv, len: l + 1 })
+            .collect();
+        Ok((logits, caches))
+    }
 }
