@@ -14,10 +14,9 @@ use anyhow::Context;
 use clap::Args;
 use ocrctl::backend::Backend;
 use ocrctl::generate::merge_image_features;
-use ocrctl::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::ortmodel::OrtModel;
 use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
-use ocrctl_exporters::export::Precision;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,9 +28,8 @@ pub struct BenchArgs {
     /// Exported model directory.
     #[arg(long)]
     model: PathBuf,
-    /// Precision to run: fp32, fp16, int4 or int4-fp16.
-    #[arg(long, default_value = "fp32")]
-    precision: String,
+    #[command(flatten)]
+    rt: crate::cmd_common::RuntimeArgs,
     /// Page sizes WIDTHxHEIGHT in pixels (an A4 page at 1540 px is 1092x1540).
     #[arg(long, value_delimiter = ',', default_value = "1092x1540,544x768")]
     sizes: Vec<String>,
@@ -41,15 +39,6 @@ pub struct BenchArgs {
     /// Timed runs per size (after one warm-up run).
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// `session.qdq_matmulnbits_accuracy_level` for int4 on the CPU.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
-    accuracy_level: u8,
-    /// ONNX Runtime intra-op threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-    /// Path of libonnxruntime.so (default: found automatically).
-    #[arg(long, env = "OCRCTL_ORT_LIB")]
-    ort_lib: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -106,13 +95,8 @@ pub fn peak_rss_mib() -> Option<f64> {
 
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
-    let precision = Precision::parse(&a.precision).context("--precision")?;
-    let opts = LoadOptions {
-        precision,
-        threads: a.threads,
-        ort_lib: a.ort_lib.clone(),
-        accuracy_level: a.accuracy_level,
-    };
+    let opts = a.rt.load_options()?;
+    let precision = opts.precision;
     let t0 = Instant::now();
     let mut model = OrtModel::load(&a.model, &opts)?;
     let load_s = t0.elapsed().as_secs_f64();
@@ -167,7 +151,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "model": a.model.display().to_string(),
         "precision": precision.name(),
         "new_tokens": a.new_tokens,
-        "threads": a.threads,
+        "threads": a.rt.threads,
         "load_s": load_s,
         "peak_rss_mib": peak_rss_mib(),
         "results": rows,

@@ -57,6 +57,7 @@ fn load(dir: &PathBuf, precision: &str, a: &EvalArgs, flag: &str) -> anyhow::Res
         threads: a.threads,
         ort_lib: a.ort_lib.clone(),
         accuracy_level: a.accuracy_level,
+        providers: Default::default(),
     };
     Ok(OrtModel::load(dir, &opts)?)
 }

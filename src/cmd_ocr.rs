@@ -9,11 +9,10 @@
 use anyhow::Context;
 use clap::Args;
 use ocrctl::engine::{Engine, Event, GenRequest};
-use ocrctl::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::ortmodel::OrtModel;
 use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
 use ocrctl::sampling::{LoopGuard, SamplingParams};
-use ocrctl_exporters::export::Precision;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,9 +24,8 @@ pub struct OcrArgs {
     /// Exported model directory (from `ocrctl export`).
     #[arg(long)]
     model: PathBuf,
-    /// Which exported graphs to run: fp32, fp16, int4 or int4-fp16.
-    #[arg(long, default_value = "fp32")]
-    precision: String,
+    #[command(flatten)]
+    rt: crate::cmd_common::RuntimeArgs,
     /// Maximum number of new tokens per image.
     #[arg(long, default_value_t = 1024)]
     max_tokens: usize,
@@ -67,16 +65,6 @@ pub struct OcrArgs {
     /// With --out: skip images whose markdown file already exists.
     #[arg(long, requires = "out")]
     resume: bool,
-    /// ONNX Runtime intra-op threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-    /// Path of libonnxruntime.so (default: found automatically, see the README).
-    #[arg(long, env = "OCRCTL_ORT_LIB")]
-    ort_lib: Option<PathBuf>,
-    /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs on the CPU: 0 computes in
-    /// float, 4 (ONNX Runtime's default) quantizes activations to int8.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
-    accuracy_level: u8,
     /// Refuse images with more pixels than this (checked from the header, before decoding).
     #[arg(long, default_value_t = preprocess::DEFAULT_MAX_PIXELS)]
     max_pixels: u64,
@@ -130,7 +118,6 @@ fn md_path(dir: &Path, image: &Path) -> PathBuf {
 
 /// Runs OCR over all inputs; returns failure if any image failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
-    let precision = Precision::parse(&a.precision).context("--precision")?;
     let params = SamplingParams {
         temperature: a.temperature,
         top_p: a.top_p,
@@ -145,12 +132,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     if a.batch_size == 0 {
         anyhow::bail!("--batch-size must be at least 1");
     }
-    let opts = LoadOptions {
-        precision,
-        threads: a.threads,
-        ort_lib: a.ort_lib.clone(),
-        accuracy_level: a.accuracy_level,
-    };
+    let opts = a.rt.load_options()?;
     let model = OrtModel::load(&a.model, &opts)?;
     let cfg = model.manifest.model.clone();
     let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;

@@ -15,7 +15,7 @@ use ocrctl::profile::{
 };
 use ocrctl_exporters::export::Manifest;
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Arguments of `ocrctl profiles`.
@@ -157,7 +157,7 @@ struct Derived {
     tensorrt_shapes: Option<TrtShapes>,
 }
 
-fn model_dims(model: Option<&PathBuf>) -> anyhow::Result<(String, ModelDims)> {
+fn model_dims(model: Option<&Path>) -> anyhow::Result<(String, ModelDims)> {
     match model {
         Some(dir) => {
             let m = Manifest::load(dir)?;
@@ -176,7 +176,7 @@ fn model_dims(model: Option<&PathBuf>) -> anyhow::Result<(String, ModelDims)> {
 fn show(a: ShowArgs) -> anyhow::Result<ExitCode> {
     let (source, text) = locate(&a.profile)?;
     let p = Profile::parse(&text, source.clone())?;
-    let (model, dims) = model_dims(a.model.as_ref())?;
+    let (model, dims) = model_dims(a.model.as_deref())?;
     let per_token = dims.kv_bytes_per_token(profile::activation_bytes(p.precision));
     let kv = per_token as f64 * p.max_batch_size as f64 * p.max_sequence_length as f64;
     let derived = Derived {
@@ -222,7 +222,13 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
         ..BudgetOptions::default()
     };
     let mut b = budget_with(&p, &dims, weights, capacity, options);
-    b.notes.extend(export_notes(&p, &manifest, &dims));
+    let extra = export_notes(&p, &manifest, &dims);
+    if !extra.is_empty() && !vision_attention_fused_in(&manifest, p.precision) {
+        // The export-specific note on the vision attention replaces the generic one.
+        b.notes
+            .retain(|n| !n.starts_with("unfused, the vision attention"));
+    }
+    b.notes.extend(extra);
     println!(
         "model {} ({}; decoder {} layers × {} kv heads × {}, vision {} layers)",
         a.model.display(),

@@ -16,4 +16,5 @@ pub mod ortmodel;
 pub mod preprocess;
 pub mod profile;
 pub mod prompt;
+pub mod providers;
 pub mod sampling;

@@ -6,6 +6,7 @@
 //! ```
 
 mod cmd_bench;
+mod cmd_common;
 mod cmd_eval;
 mod cmd_export;
 mod cmd_ocr;

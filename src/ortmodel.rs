@@ -5,6 +5,7 @@
 //! float16 tensors; conversion happens here so generation always sees float32.
 
 use crate::backend::{Backend, BackendError};
+use crate::providers::{Provider, ProviderConfig};
 use half::f16;
 use ndarray::{Array2, Array4};
 use ocrctl_exporters::export::{Manifest, Precision};
@@ -26,6 +27,8 @@ pub struct LoadOptions {
     /// `session.qdq_matmulnbits_accuracy_level` for INT4 QDQ graphs on the CPU (0: float
     /// compute, 4: int8 activations, ONNX Runtime's default).
     pub accuracy_level: u8,
+    /// Execution providers to use, in order (default: CPU only).
+    pub providers: ProviderConfig,
 }
 
 impl LoadOptions {
@@ -36,6 +39,7 @@ impl LoadOptions {
             threads: 0,
             ort_lib: None,
             accuracy_level: 4,
+            providers: ProviderConfig::default(),
         }
     }
 }
@@ -98,26 +102,65 @@ fn session_with(
     opts: &LoadOptions,
     optimized: Option<&Path>,
 ) -> Result<Session, LoadError> {
-    let build = || -> ort::Result<Session> {
-        let mut b = Session::builder(env)?
-            .with_optimization_level(GraphOptimizationLevel::All)?
-            .with_log_level(ort::logging::LogLevel::Error)?
-            .with_config_entry(
-                "session.qdq_matmulnbits_accuracy_level",
-                opts.accuracy_level.to_string(),
-            )?;
-        if opts.threads > 0 {
-            b = b.with_intra_threads(opts.threads)?;
-        }
-        if let Some(p) = optimized {
-            b = b.with_optimized_model_path(p)?;
-        }
-        Ok(b.commit_from_file(path)?)
-    };
-    build().map_err(|e| LoadError::Session {
+    let part = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model")
+        .to_string();
+    let err = |message: String| LoadError::Session {
         path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+        message,
+    };
+    // Availability notes were printed once by `OrtModel::load`.
+    let (mut order, _) =
+        crate::providers::usable(&opts.providers).map_err(|e| err(e.to_string()))?;
+    loop {
+        let eps: Vec<_> = order
+            .iter()
+            .filter_map(|p| crate::providers::dispatch(*p, &opts.providers, &part))
+            .collect();
+        let cpu_allowed = order.contains(&Provider::Cpu);
+        let build = || -> ort::Result<Session> {
+            let mut b = Session::builder(env)?
+                .with_optimization_level(GraphOptimizationLevel::All)?
+                .with_log_level(if eps.is_empty() {
+                    ort::logging::LogLevel::Error
+                } else {
+                    ort::logging::LogLevel::Warning
+                })?
+                .with_config_entry(
+                    "session.qdq_matmulnbits_accuracy_level",
+                    opts.accuracy_level.to_string(),
+                )?;
+            if opts.threads > 0 {
+                b = b.with_intra_threads(opts.threads)?;
+            }
+            if let Some(p) = optimized {
+                b = b.with_optimized_model_path(p)?;
+            }
+            if !eps.is_empty() {
+                b = b.with_execution_providers(&eps)?;
+            }
+            if !cpu_allowed {
+                b = b.with_disable_cpu_fallback()?;
+            }
+            Ok(b.commit_from_file(path)?)
+        };
+        match build() {
+            Ok(s) => return Ok(s),
+            // A GPU provider that is compiled in but cannot start (no driver, no TensorRT
+            // libraries): drop it and try the next one, unless strict.
+            Err(e) if !opts.providers.strict && order.len() > 1 && order[0] != Provider::Cpu => {
+                let failed = order.remove(0);
+                eprintln!(
+                    "ocrctl: {} execution provider failed for {part} ({e}); falling back to {}",
+                    failed.name(),
+                    order[0].name()
+                );
+            }
+            Err(e) => return Err(err(e.to_string())),
+        }
+    }
 }
 
 fn to_dyn_f(
@@ -176,6 +219,15 @@ impl OrtModel {
                         .join(", "),
                 })?;
         let (_, env) = crate::ortlib::environment(opts.ort_lib.as_deref())?;
+        match crate::providers::usable(&opts.providers) {
+            Ok((_, notes)) => notes.iter().for_each(|n| eprintln!("ocrctl: {n}")),
+            Err(e) => {
+                return Err(LoadError::Session {
+                    path: dir.to_path_buf(),
+                    message: e.to_string(),
+                })
+            }
+        }
         let path_of = |part: &str| -> Result<PathBuf, LoadError> {
             let g = graphs.get(part).ok_or_else(|| LoadError::Session {
                 path: dir.join(crate::ortmodel::MANIFEST_NAME),

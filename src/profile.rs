@@ -541,7 +541,7 @@ impl Profile {
                 ),
             ));
         }
-        if self.max_image_side % IMAGE_SIDE_UNIT != 0 {
+        if !self.max_image_side.is_multiple_of(IMAGE_SIDE_UNIT) {
             return Err(self.invalid(
                 "max_image_side",
                 format!(
@@ -845,8 +845,9 @@ pub fn a4_page(side: u64, unit: u64) -> (u64, u64) {
 /// - Decoder: min batch 1, one new token and an empty past (P = 0, the prefill; TensorRT ≥ 8
 ///   accepts zero-length dimensions in profiles, and ONNX Runtime GenAI's TensorRT profiles
 ///   use a zero past minimum too); opt a decode step of the full batch at half the sequence
-///   length (decode steps dominate OCR time); max the full batch with S, P + S =
-///   `max_sequence_length` (P = `max_sequence_length` − 1).
+///   length (decode steps dominate OCR time); max the full batch with S and the mask at
+///   `max_sequence_length` (a whole-sequence prefill) and P at `max_sequence_length` − 1 (the
+///   last decode step). TensorRT sizes its activation memory for the max shapes.
 pub fn trt_shapes(p: &Profile, d: &ModelDims) -> TrtShapes {
     let side = p.max_image_side as u64;
     let (oh, ow) = a4_page(side, d.image_unit());
@@ -1058,7 +1059,8 @@ pub fn budget(
 ///
 /// Rows: weights; KV cache (batch × sequence × bytes per token) and, with
 /// [`BudgetOptions::kv_step_copy`], its second copy during a step; vision activations of one
-/// `max_image_side`² image with fused attention; decoder prefill activations of
+/// `max_image_side`² image (plus one layer's attention scores unless
+/// [`BudgetOptions::vision_attention_fused`]); decoder prefill activations of
 /// [`BudgetOptions::prefill_batch`] full-page prompts with the exported (unfused) attention;
 /// the decode step's logits (last position only, float32); the TensorRT workspace when
 /// TensorRT is listed; the runtime overhead ([`CUDA_RUNTIME_BYTES`],
@@ -1356,7 +1358,10 @@ impl Budget {
         let prompt = p.max_prompt_tokens();
         let lowest = prompt + 1;
         let seq = p.max_sequence_length as u64;
-        let mut candidates: Vec<u64> = (lowest..seq).filter(|s| s % 256 == 0).rev().collect();
+        let mut candidates: Vec<u64> = (lowest..seq)
+            .filter(|s| s.is_multiple_of(256))
+            .rev()
+            .collect();
         if lowest < seq {
             candidates.push(lowest);
         }
@@ -1392,7 +1397,7 @@ impl Budget {
             suggested: side.map(|s| s.to_string()),
             note: match side {
                 Some(_) => "pages are downscaled further (small print suffers)".into(),
-                None => "the KV cache, not the image, is what does not fit".into(),
+                None => "lowering it alone is not enough".into(),
             },
         });
 
@@ -1417,7 +1422,7 @@ impl Budget {
                     "activations are already 16-bit; int4-fp16 weights shrink only the weights row"
                         .into()
                 }
-                None => "16-bit activations alone do not fit".into(),
+                None => "16-bit activations alone are not enough".into(),
             },
         });
 
@@ -1456,18 +1461,8 @@ impl Budget {
                             .into(),
                     });
                 }
-                Problem::Positions { max, .. } => out.push(Advice {
-                    field: "max_sequence_length".into(),
-                    current: p.max_sequence_length.to_string(),
-                    suggested: Some(max.to_string()),
-                    note: "the decoder has no positions beyond max_position_embeddings".into(),
-                }),
-                Problem::ImageSide { max, .. } => out.push(Advice {
-                    field: "max_image_side".into(),
-                    current: p.max_image_side.to_string(),
-                    suggested: Some(max.to_string()),
-                    note: "the model's largest image".into(),
-                }),
+                // Lowering max_sequence_length / max_image_side (above) covers these.
+                Problem::Positions { .. } | Problem::ImageSide { .. } => {}
                 Problem::Memory { .. } => {}
             }
         }
@@ -1484,7 +1479,7 @@ fn mib_str(b: u64) -> String {
 }
 
 fn kib_str(b: u64) -> String {
-    if b % 1024 == 0 {
+    if b.is_multiple_of(1024) {
         format!("{} KiB", b / 1024)
     } else {
         format!("{:.1} KiB", b as f64 / 1024.0)
@@ -1833,6 +1828,80 @@ mod tests {
         ));
         assert!(decoder_shapes(&d, 4, 512, 511, 512)
             .starts_with("inputs_embeds:4x512x1024,attention_mask:4x512,position_ids:4x512"));
+    }
+
+    #[test]
+    fn names_and_paths_are_told_apart() {
+        assert!(looks_like_path("./16gb.yaml"));
+        assert!(looks_like_path("16gb.yml"));
+        assert!(looks_like_path("dir/16gb"));
+        assert!(!looks_like_path("16gb"));
+        assert!(valid_name("a100-40gb_v2.1"));
+        assert!(!valid_name(".hidden"));
+        assert!(!valid_name("a b"));
+        assert!(!valid_name(""));
+        let e = Profile::load("bad name").unwrap_err().to_string();
+        assert!(e.starts_with("profile `bad name` not found"), "{e}");
+    }
+
+    #[test]
+    fn an_fp32_profile_is_advised_to_16_bit_activations() {
+        // The cpu profile (int4, float32 activations) on a 12 GiB host: fp16 activations
+        // halve the KV cache (2 × 5.25 → 2 × 2.625 GiB) and fit, and so does a smaller batch.
+        let p = Profile::parse(
+            builtin("cpu").unwrap(),
+            ProfileSource::BuiltIn("cpu".into()),
+        )
+        .unwrap();
+        let d = ModelDims::LIGHTONOCR_2_1B;
+        let b = budget(&p, &d, 949 * MIB, Some(12 * GIB));
+        assert!(!b.fits());
+        assert_eq!(
+            b.problems,
+            vec![Problem::Memory {
+                total: b.total,
+                usable: (12.0 * GIB as f64 * 0.95) as u64
+            }]
+        );
+        let adv = b.advice();
+        let prec = adv.iter().find(|a| a.field == "precision").unwrap();
+        assert_eq!(prec.suggested.as_deref(), Some("fp16"));
+        let batch = adv.iter().find(|a| a.field == "max_batch_size").unwrap();
+        // 11.4 usable GiB − 3.39 GiB of weights, activations and runtime = 8.0 GiB for
+        // sequences of 2 × 6144 × 224 KiB = 2.625 GiB each: 3.
+        assert_eq!(batch.suggested.as_deref(), Some("3"));
+        assert_eq!(
+            batch.to_string(),
+            "set `max_batch_size` to 3 (now 4); KV cache 3.94 GiB at 3 sequences"
+        );
+    }
+
+    #[test]
+    fn kv_budget_and_arena_limits_are_checked() {
+        let t = with(yaml_16gb(), "kv_cache_gb", "4");
+        let p = parse(&with(&t, "memory_limit_gb", "10")).unwrap();
+        let b = budget(&p, &ModelDims::LIGHTONOCR_2_1B, 900 * MIB, None);
+        assert!(!b.fits());
+        assert!(b.problems.contains(&Problem::KvBudget {
+            need: 5376 * MIB,
+            budget: 4 * GIB
+        }));
+        assert!(
+            matches!(b.problems.last(), Some(Problem::Arena { limit, .. }) if *limit == 10 * GIB)
+        );
+        let adv: Vec<String> = b.advice().iter().map(|a| a.to_string()).collect();
+        assert!(
+            adv.iter()
+                .any(|a| a.starts_with("set `kv_cache_gb` to 5.25 (now 4)")),
+            "{adv:?}"
+        );
+        assert!(
+            adv.iter()
+                .any(|a| a.starts_with("set `cuda.memory_limit_gb` to")),
+            "{adv:?}"
+        );
+        // Batch 4: KV 3.5 GiB within 4, arena within 10 GiB.
+        assert_eq!(b.advice()[0].suggested.as_deref(), Some("4"));
     }
 
     #[test]
