@@ -95,7 +95,7 @@ pub fn peak_rss_mib() -> Option<f64> {
 
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
-    let opts = a.rt.load_options()?;
+    let (opts, _profile) = a.rt.load_options(&a.model)?;
     let precision = opts.precision;
     let t0 = Instant::now();
     let mut model = OrtModel::load(&a.model, &opts)?;
@@ -151,7 +151,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "model": a.model.display().to_string(),
         "precision": precision.name(),
         "new_tokens": a.new_tokens,
-        "threads": a.rt.threads,
+        "threads": opts.threads,
         "load_s": load_s,
         "peak_rss_mib": peak_rss_mib(),
         "results": rows,

@@ -1,27 +1,39 @@
 //! Command-line options shared by the commands that run a model (`ocr`, `bench`).
+//!
+//! `--profile NAME|PATH` (see `ocrctl profiles list`) sets the precision, providers and their
+//! options (CUDA arena, TensorRT workspace, caches and min/opt/max shapes), CPU threads,
+//! batch size and token limits; explicit flags override it.
 
 use anyhow::Context;
 use clap::Args;
 use ocrctl::ortmodel::LoadOptions;
-use ocrctl::providers::{Provider, ProviderConfig};
-use ocrctl_exporters::export::Precision;
-use std::path::PathBuf;
+use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
+use ocrctl::providers::{CudaConfig, Provider, ProviderConfig, TrtConfig};
+use ocrctl_exporters::export::{Manifest, Precision};
+use std::path::{Path, PathBuf};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 /// How to run an exported model.
 #[derive(Args, Debug, Clone)]
 pub struct RuntimeArgs {
-    /// Which exported graphs to run: fp32, fp16, int4 or int4-fp16.
-    #[arg(long, default_value = "fp32")]
-    pub precision: String,
-    /// Execution providers in order of preference: tensorrt, cuda, cpu.
-    #[arg(long, value_delimiter = ',', default_value = "cpu", value_parser = parse_provider)]
-    pub providers: Vec<Provider>,
+    /// Hardware profile (`16gb`, `24gb`, `80gb`, `cpu`, or a YAML file).
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Which exported graphs to run: fp32, fp16, int4 or int4-fp16 (default: the
+    /// profile's, else fp32).
+    #[arg(long)]
+    pub precision: Option<String>,
+    /// Execution providers in order of preference: tensorrt, cuda, cpu (default: the
+    /// profile's, else cpu).
+    #[arg(long, value_delimiter = ',', value_parser = parse_provider)]
+    pub providers: Option<Vec<Provider>>,
     /// Fail instead of falling back when a listed provider is unavailable.
     #[arg(long)]
     pub strict_providers: bool,
-    /// ONNX Runtime intra-op threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
+    /// ONNX Runtime intra-op threads (0 = all cores; default: the profile's).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Path of libonnxruntime.so (default: found automatically, see the README).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     pub ort_lib: Option<PathBuf>,
@@ -43,18 +55,77 @@ fn parse_provider(s: &str) -> Result<Provider, String> {
 }
 
 impl RuntimeArgs {
-    /// The load options these flags describe.
-    pub fn load_options(&self) -> anyhow::Result<LoadOptions> {
-        let precision = Precision::parse(&self.precision).context("--precision")?;
+    /// The profile, if `--profile` was given.
+    pub fn profile(&self) -> anyhow::Result<Option<Profile>> {
+        self.profile
+            .as_deref()
+            .map(|p| Profile::load(p).with_context(|| format!("--profile {p}")))
+            .transpose()
+    }
+
+    /// The load options these flags (and the profile) describe for the export in `model`.
+    pub fn load_options(&self, model: &Path) -> anyhow::Result<(LoadOptions, Option<Profile>)> {
+        let profile = self.profile()?;
+        let precision = match (&self.precision, &profile) {
+            (Some(p), _) => Precision::parse(p).context("--precision")?,
+            (None, Some(pr)) => pr.precision,
+            (None, None) => Precision::Fp32,
+        };
         let mut lo = LoadOptions::new(precision);
-        lo.threads = self.threads;
         lo.ort_lib = self.ort_lib.clone();
         lo.accuracy_level = self.accuracy_level;
-        lo.providers = ProviderConfig {
-            order: self.providers.clone(),
+        lo.threads = self
+            .threads
+            .or(profile
+                .as_ref()
+                .and_then(|p| p.cpu.as_ref())
+                .map(|c| c.threads as usize))
+            .unwrap_or(0);
+        let mut pc = ProviderConfig {
+            order: self
+                .providers
+                .clone()
+                .or(profile.as_ref().map(|p| p.providers.clone()))
+                .unwrap_or(vec![Provider::Cpu]),
             strict: self.strict_providers,
             ..ProviderConfig::default()
         };
-        Ok(lo)
+        if let Some(p) = &profile {
+            if let Some(c) = &p.cuda {
+                pc.cuda = CudaConfig {
+                    memory_limit: (c.memory_limit_gb > 0.0)
+                        .then(|| (c.memory_limit_gb * GIB) as usize),
+                    same_as_requested: c.arena_extend_strategy
+                        == ArenaExtendStrategy::SameAsRequested,
+                    cuda_graphs: c.cuda_graphs,
+                };
+            }
+            if let Some(t) = &p.tensorrt {
+                let mut trt = TrtConfig {
+                    workspace: Some((t.workspace_gb * GIB) as usize),
+                    engine_cache: Some(t.engine_cache_path(model)),
+                    timing_cache: Some(t.timing_cache_path(model)),
+                    builder_optimization_level: Some(t.builder_optimization_level),
+                    fp16: t.fp16,
+                    shapes: Default::default(),
+                };
+                if let Ok(m) = Manifest::load(model) {
+                    let s = trt_shapes(p, &ModelDims::from_config(&m.model));
+                    for (part, r) in [
+                        ("vision_encoder", s.vision_encoder),
+                        ("embed_tokens", s.embed_tokens),
+                        ("decoder_model_merged", s.decoder),
+                    ] {
+                        trt.shapes.insert(
+                            format!("{part}{}", precision.suffix()),
+                            (r.min, r.opt, r.max),
+                        );
+                    }
+                }
+                pc.trt = trt;
+            }
+        }
+        lo.providers = pc;
+        Ok((lo, profile))
     }
 }

@@ -26,12 +26,12 @@ pub struct OcrArgs {
     model: PathBuf,
     #[command(flatten)]
     rt: crate::cmd_common::RuntimeArgs,
-    /// Maximum number of new tokens per image.
-    #[arg(long, default_value_t = 1024)]
-    max_tokens: usize,
-    /// Requests decoded together (continuous batching).
-    #[arg(long, default_value_t = 1)]
-    batch_size: usize,
+    /// Maximum number of new tokens per image (default: the profile's, else 1024).
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Requests decoded together, continuous batching (default: the profile's, else 1).
+    #[arg(long)]
+    batch_size: Option<usize>,
     /// Sampling temperature; 0 is greedy (reproducible). LightOn suggests 0.2.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -129,10 +129,26 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     params
         .validate()
         .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
-    if a.batch_size == 0 {
+    let (opts, profile) = a.rt.load_options(&a.model)?;
+    let batch_size = a
+        .batch_size
+        .or(profile.as_ref().map(|p| p.max_batch_size as usize))
+        .unwrap_or(1);
+    if batch_size == 0 {
         anyhow::bail!("--batch-size must be at least 1");
     }
-    let opts = a.rt.load_options()?;
+    let max_tokens = a
+        .max_tokens
+        .or(profile.as_ref().map(|p| p.default_max_new_tokens as usize))
+        .unwrap_or(1024);
+    if let Some(p) = &profile {
+        if max_tokens > p.max_new_tokens_limit as usize {
+            anyhow::bail!(
+                "--max-tokens {max_tokens} exceeds the profile's max_new_tokens_limit ({})",
+                p.max_new_tokens_limit
+            );
+        }
+    }
     let model = OrtModel::load(&a.model, &opts)?;
     let cfg = model.manifest.model.clone();
     let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;
@@ -170,7 +186,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
                 prompt_ids: ids,
                 pixel_values: Some(p.pixel_values),
                 params: params.clone(),
-                max_new_tokens: a.max_tokens,
+                max_new_tokens: max_tokens,
                 stop_ids: stops.clone(),
                 ignore_eos: a.ignore_eos,
                 top_logprobs: a.top_logprobs,
@@ -194,7 +210,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let mut engine = Engine {
         backend: model,
-        max_batch: a.batch_size,
+        max_batch: batch_size,
         image_token_id: cfg.image_token_id,
     };
     let mut tokens = 0usize;

@@ -10,6 +10,7 @@ mod cmd_common;
 mod cmd_eval;
 mod cmd_export;
 mod cmd_ocr;
+mod cmd_profiles;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -32,6 +33,8 @@ enum Command {
     Eval(cmd_eval::EvalArgs),
     /// Time the vision encoder, prefill and decoding on synthetic pages.
     Bench(cmd_bench::BenchArgs),
+    /// Hardware profiles: list them, show one, check one's memory budget against an export.
+    Profiles(cmd_profiles::ProfilesArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Ocr(a) => cmd_ocr::run(a),
         Command::Eval(a) => cmd_eval::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Profiles(a) => cmd_profiles::run(a),
     };
     match result {
         Ok(code) => code,

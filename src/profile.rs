@@ -146,34 +146,8 @@ impl fmt::Display for ProfileSource {
     }
 }
 
-/// An ONNX Runtime execution provider a profile may list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Provider {
-    /// `TensorrtExecutionProvider` (needs the [`TensorRtSection`]).
-    #[serde(rename = "tensorrt")]
-    TensorRt,
-    /// `CUDAExecutionProvider` (needs the [`CudaSection`]).
-    Cuda,
-    /// `CPUExecutionProvider`.
-    Cpu,
-}
-
-impl Provider {
-    /// The name used in profiles.
-    pub fn name(self) -> &'static str {
-        match self {
-            Provider::TensorRt => "tensorrt",
-            Provider::Cuda => "cuda",
-            Provider::Cpu => "cpu",
-        }
-    }
-
-    /// Whether the provider runs on a GPU.
-    pub fn is_gpu(self) -> bool {
-        !matches!(self, Provider::Cpu)
-    }
-}
+/// An ONNX Runtime execution provider a profile may list (shared with the runtime).
+pub use crate::providers::Provider;
 
 /// How the CUDA EP's memory arena grows (`arena_extend_strategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -22,6 +22,11 @@ pub enum Provider {
 }
 
 impl Provider {
+    /// Whether the provider runs on a GPU.
+    pub fn is_gpu(self) -> bool {
+        !matches!(self, Provider::Cpu)
+    }
+
     /// Name as used in profiles and messages.
     pub fn name(self) -> &'static str {
         match self {
