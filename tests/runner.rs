@@ -1,0 +1,187 @@
+//! The runner on the fixture: batching does not change greedy results, seeded sampling is
+//! reproducible, folders with a broken file, and execution-provider fallback messages.
+
+mod common;
+use common::*;
+use serde_json::Value;
+
+fn image_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("pages");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(fixture().join("images")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    (d, dir)
+}
+
+fn ocr_json(extra: &[&str], dir: &std::path::Path) -> Vec<Value> {
+    let model = exported();
+    let mut args = vec![
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-tokens",
+        "24",
+        "--json",
+        "--top-logprobs",
+        "3",
+    ];
+    args.extend_from_slice(extra);
+    args.push(dir.to_str().unwrap());
+    ocrctl_ok(&args)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn greedy_results_do_not_depend_on_the_batch() {
+    let (_d, dir) = image_dir();
+    let one = ocr_json(&["--batch-size", "1", "--ignore-eos"], &dir);
+    let four = ocr_json(&["--batch-size", "4", "--ignore-eos"], &dir);
+    assert!(one.len() >= 4);
+    assert_eq!(one.len(), four.len());
+    for (a, b) in one.iter().zip(&four) {
+        assert_eq!(a["file"], b["file"]);
+        assert_eq!(a["token_ids"], b["token_ids"], "{}", a["file"]);
+        for (sa, sb) in a["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(b["top_logprobs"].as_array().unwrap())
+        {
+            for (x, y) in sa.as_array().unwrap().iter().zip(sb.as_array().unwrap()) {
+                let d = (x["logprob"].as_f64().unwrap() - y["logprob"].as_f64().unwrap()).abs();
+                assert!(d < 1e-4, "{}: batched logprob differs by {d}", a["file"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_batch_independent() {
+    let (_d, dir) = image_dir();
+    let s = [
+        "--temperature",
+        "1.5",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "7",
+        "--ignore-eos",
+    ];
+    let a = ocr_json(&[&s[..], &["--batch-size", "1"]].concat(), &dir);
+    let b = ocr_json(&[&s[..], &["--batch-size", "3"]].concat(), &dir);
+    let ids = |v: &Vec<Value>| v.iter().map(|x| x["token_ids"].clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&a), ids(&b));
+    let c = ocr_json(
+        &[
+            "--temperature",
+            "1.5",
+            "--top-p",
+            "0.95",
+            "--seed",
+            "8",
+            "--ignore-eos",
+        ],
+        &dir,
+    );
+    assert_ne!(ids(&a), ids(&c), "another seed samples differently");
+    let greedy = ocr_json(&["--ignore-eos"], &dir);
+    assert_ne!(ids(&a), ids(&greedy), "temperature 1.5 is not greedy");
+}
+
+#[test]
+fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
+    let (d, dir) = image_dir();
+    std::fs::write(dir.join("zz-broken.png"), b"\x89PNG\r\n\x1a\ntruncated").unwrap();
+    let out = d.path().join("md");
+    let model = exported();
+    let o = ocrctl(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-tokens",
+        "16",
+        "--batch-size",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success(), "exit code reports the failure");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("zz-broken.png"), "{err}");
+    let written: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let n_images = std::fs::read_dir(fixture().join("images")).unwrap().count();
+    assert_eq!(written.len(), n_images, "{written:?}");
+    assert!(written.iter().all(|w| w.ends_with(".md")));
+    // --resume redoes only what is missing.
+    std::fs::remove_file(dir.join("zz-broken.png")).unwrap();
+    let redo = out.join(&written[0]);
+    std::fs::remove_file(&redo).unwrap();
+    let keep = out.join(&written[1]);
+    std::fs::write(&keep, "kept").unwrap();
+    let o = ocrctl(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-tokens",
+        "16",
+        "--out",
+        out.to_str().unwrap(),
+        "--resume",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(redo.exists(), "the missing page was redone");
+    assert_eq!(
+        std::fs::read_to_string(&keep).unwrap(),
+        "kept",
+        "finished pages are skipped"
+    );
+}
+
+#[test]
+fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
+    let model = exported();
+    let img = fixture().join("images").join(
+        std::fs::read_dir(fixture().join("images"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .file_name(),
+    );
+    let o = ocrctl(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-tokens",
+        "2",
+        "--providers",
+        "tensorrt,cuda,cpu",
+        img.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("tensorrt execution provider") && err.contains("falling back to"),
+        "{err}"
+    );
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--providers",
+        "cuda",
+        "--strict-providers",
+        img.to_str().unwrap(),
+    ]);
+    assert!(e.contains("cuda execution provider unavailable"), "{e}");
+}
