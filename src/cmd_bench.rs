@@ -13,10 +13,12 @@
 use anyhow::Context;
 use clap::Args;
 use ocrctl::backend::Backend;
+use ocrctl::engine::{Engine, Event, GenRequest};
 use ocrctl::generate::merge_image_features;
 use ocrctl::ortmodel::OrtModel;
 use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
+use ocrctl::sampling::SamplingParams;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +41,9 @@ pub struct BenchArgs {
     /// Timed runs per size (after one warm-up run).
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Batch sizes for the throughput sweep (continuous batching, pages of the first size).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    batch_sizes: Vec<usize>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -62,7 +67,7 @@ fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
 pub fn synthetic_page(width: u32, height: u32) -> image::RgbImage {
     image::RgbImage::from_fn(width, height, |x, y| {
         let line =
-            (y / 18) % 3 != 0 && ((x / 7 + y / 18) * 2654435761u32) % 5 != 0 && (y % 18) < 10;
+            (y / 18) % 3 != 0 && (x / 7 + y / 18).wrapping_mul(2654435761u32) % 5 != 0 && (y % 18) < 10;
         let v = if line {
             30
         } else {
@@ -147,6 +152,57 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             "runs": a.runs,
         }));
     }
+    // Throughput: B identical pages through the engine at once, fixed new tokens each.
+    let mut sweep = Vec::new();
+    if let Some(first) = a.sizes.first() {
+        let (w, h) = parse_size(first)?;
+        let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
+        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let mut engine = Engine {
+            backend: model,
+            max_batch: 1,
+            image_token_id: cfg.image_token_id,
+        };
+        for &b in &a.batch_sizes {
+            engine.max_batch = b.max(1);
+            let req = GenRequest {
+                prompt_ids: ids.clone(),
+                pixel_values: Some(p.pixel_values.clone()),
+                params: SamplingParams::greedy(),
+                max_new_tokens: a.new_tokens,
+                stop_ids: vec![],
+                ignore_eos: true,
+                top_logprobs: 0,
+            };
+            let t = Instant::now();
+            let mut decode_start: Option<Instant> = None;
+            let mut decode_tokens = 0usize;
+            let mut seen_first = 0usize;
+            let results = engine.run(std::iter::repeat_n(req, b.max(1)), &mut |ev| {
+                if let Event::Token { .. } = ev {
+                    seen_first += 1;
+                    if seen_first == b.max(1) {
+                        decode_start = Some(Instant::now());
+                    } else if decode_start.is_some() {
+                        decode_tokens += 1;
+                    }
+                }
+            });
+            let total = t.elapsed().as_secs_f64();
+            if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
+                anyhow::bail!("batch {b}: {e}");
+            }
+            let dec_s = decode_start.map_or(f64::NAN, |d| d.elapsed().as_secs_f64());
+            sweep.push(json!({
+                "batch": b,
+                "size": format!("{}x{}", p.width, p.height),
+                "seconds": total,
+                "pages_per_s": b as f64 / total,
+                "tokens_per_s": (b * a.new_tokens) as f64 / total,
+                "decode_tokens_per_s": decode_tokens as f64 / dec_s,
+            }));
+        }
+    }
     let out = json!({
         "model": a.model.display().to_string(),
         "precision": precision.name(),
@@ -155,6 +211,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "load_s": load_s,
         "peak_rss_mib": peak_rss_mib(),
         "results": rows,
+        "batch_sweep": sweep,
     });
     if a.json {
         println!("{out}");
@@ -178,6 +235,23 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 r["vision_ms"].as_f64().unwrap_or(f64::NAN),
                 r["prefill_ms"].as_f64().unwrap_or(f64::NAN),
                 r["ttft_ms"].as_f64().unwrap_or(f64::NAN),
+                r["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    if !a.json {
+        println!(
+            "{:>6} {:>10} {:>9} {:>9} {:>10} {:>16}",
+            "batch", "size", "seconds", "pages/s", "tokens/s", "decode tokens/s"
+        );
+        for r in out["batch_sweep"].as_array().into_iter().flatten() {
+            println!(
+                "{:>6} {:>10} {:>9.2} {:>9.3} {:>10.2} {:>16.2}",
+                r["batch"],
+                r["size"].as_str().unwrap_or(""),
+                r["seconds"].as_f64().unwrap_or(f64::NAN),
+                r["pages_per_s"].as_f64().unwrap_or(f64::NAN),
+                r["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
                 r["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
             );
         }
