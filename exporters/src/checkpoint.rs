@@ -88,6 +88,32 @@ impl Checkpoint {
         Ok(ck)
     }
 
+    /// A `U8` tensor's raw values (e.g. reference images stored next to goldens).
+    pub fn get_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>, ExportError> {
+        let loc = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ExportError::MissingTensor {
+                tensor: name.to_string(),
+                searched: self
+                    .files
+                    .iter()
+                    .map(|(p, _)| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let (path, map) = &self.files[loc.file];
+        if loc.shape != shape || loc.dtype != Dtype::U8 {
+            return Err(ExportError::TensorShape {
+                tensor: name.to_string(),
+                file: path.clone(),
+                expected: shape.to_vec(),
+                found: loc.shape.clone(),
+            });
+        }
+        Ok(map[loc.start..loc.end].to_vec())
+    }
+
     /// Shape of tensor `name`, if present.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
         self.tensors.get(name).map(|t| t.shape.as_slice())
