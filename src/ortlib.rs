@@ -118,13 +118,23 @@ pub fn find(explicit: Option<&Path>) -> Result<PathBuf, OrtLibError> {
         };
     }
     let dirs = candidate_dirs();
+    let mut seen = Vec::new();
     for d in &dirs {
         if let Some(lib) = libs_in(d) {
-            return Ok(lib);
+            match version_of(&lib) {
+                Some(v) if v < MIN_VERSION => {
+                    seen.push(format!(
+                        "{} (too old: {}.{}.{})",
+                        lib.display(),
+                        v.0,
+                        v.1,
+                        v.2
+                    ));
+                    continue;
+                }
+                _ => return Ok(lib),
+            }
         }
-    }
-    let mut seen = Vec::new();
-    for d in dirs {
         let s = d.display().to_string();
         if !seen.contains(&s) {
             seen.push(s);
@@ -133,6 +143,21 @@ pub fn find(explicit: Option<&Path>) -> Result<PathBuf, OrtLibError> {
     Err(OrtLibError::NotFound {
         searched: seen.join("\n  "),
     })
+}
+
+/// Oldest ONNX Runtime ocrctl accepts (ort's `api-31`).
+pub const MIN_VERSION: (u32, u32, u32) = (1, 31, 0);
+
+/// The version in a file name such as `libonnxruntime.so.1.31.1`, if present.
+pub fn version_of(lib: &Path) -> Option<(u32, u32, u32)> {
+    let name = lib.file_name()?.to_str()?;
+    let v = name.strip_prefix("libonnxruntime.so.")?;
+    let mut it = v.split('.').map(|x| x.parse::<u32>().ok());
+    Some((
+        it.next()??,
+        it.next().flatten().unwrap_or(0),
+        it.next().flatten().unwrap_or(0),
+    ))
 }
 
 static ENV: OnceLock<(PathBuf, ort::environment::Environment)> = OnceLock::new();
@@ -173,6 +198,20 @@ mod tests {
                 .contains("/nonexistent/libonnxruntime.so.1.31.1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn versions_are_read_from_file_names() {
+        assert_eq!(
+            version_of(Path::new("/x/libonnxruntime.so.1.30.0")),
+            Some((1, 30, 0))
+        );
+        assert_eq!(
+            version_of(Path::new("libonnxruntime.so.1.31.1")),
+            Some((1, 31, 1))
+        );
+        assert_eq!(version_of(Path::new("libonnxruntime.so")), None);
+        assert!(version_of(Path::new("libonnxruntime.so.1.30.0")).unwrap() < MIN_VERSION);
     }
 
     #[test]

@@ -119,7 +119,6 @@ fn session_with(
             .iter()
             .filter_map(|p| crate::providers::dispatch(*p, &opts.providers, &part))
             .collect();
-        let cpu_allowed = order.contains(&Provider::Cpu);
         let build = || -> ort::Result<Session> {
             let mut b = Session::builder(env)?
                 .with_optimization_level(GraphOptimizationLevel::All)?
@@ -140,9 +139,6 @@ fn session_with(
             }
             if !eps.is_empty() {
                 b = b.with_execution_providers(&eps)?;
-            }
-            if !cpu_allowed {
-                b = b.with_disable_cpu_fallback()?;
             }
             Ok(b.commit_from_file(path)?)
         };

@@ -3,9 +3,10 @@
 //! A provider that this ONNX Runtime build lacks (the CPU wheel has neither CUDA nor
 //! TensorRT), or whose libraries fail to load at registration (no `libnvinfer.so.10`, no
 //! CUDA driver), is skipped with one line saying which and what ocrctl fell back to; with
-//! `strict` that is an error instead. When the order has no `cpu`, CPU fallback of single
-//! nodes is disabled (`session.disable_cpu_ep_fallback`), so a node no GPU provider can run
-//! fails the load instead of silently running on the CPU.
+//! `strict` that is an error instead. Sessions with a GPU provider log at warning level, so
+//! ONNX Runtime's own report of nodes it placed on the CPU is shown. (Forbidding CPU
+//! placement with `session.disable_cpu_ep_fallback` is not usable: ORT always places shape
+//! computations on the CPU, and the load then fails — seen on the H200 with the CUDA EP.)
 
 use ort::ep::{self, ExecutionProvider, ExecutionProviderDispatch};
 use serde::{Deserialize, Serialize};
