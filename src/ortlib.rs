@@ -169,6 +169,13 @@ pub fn environment(
     if let Some((p, env)) = ENV.get() {
         return Ok((p.as_path(), env.clone()));
     }
+    // ONNX Runtime allows one environment per process: serialise the first initialisation
+    // (threads of one process, e.g. tests, may race here).
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, env)) = ENV.get() {
+        return Ok((p.as_path(), env.clone()));
+    }
     let path = find(explicit)?;
     let env = ort::init_from(&path)
         .map_err(|e| OrtLibError::Load {
