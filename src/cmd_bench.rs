@@ -66,8 +66,9 @@ fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
 /// A deterministic page-like image: light background with dark horizontal strokes.
 pub fn synthetic_page(width: u32, height: u32) -> image::RgbImage {
     image::RgbImage::from_fn(width, height, |x, y| {
-        let line =
-            (y / 18) % 3 != 0 && (x / 7 + y / 18).wrapping_mul(2654435761u32) % 5 != 0 && (y % 18) < 10;
+        let line = (y / 18) % 3 != 0
+            && (x / 7 + y / 18).wrapping_mul(2654435761u32) % 5 != 0
+            && (y % 18) < 10;
         let v = if line {
             30
         } else {
