@@ -88,8 +88,9 @@ impl Checkpoint {
         Ok(ck)
     }
 
-    /// A `U8` tensor's raw values (e.g. reference images stored next to goldens).
-    pub fn get_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>, ExportError> {
+    /// Where tensor `name` lives: its record, file and mapping (missing: an error listing
+    /// the files searched).
+    fn locate(&self, name: &str) -> Result<(&TensorLoc, &PathBuf, &Mmap), ExportError> {
         let loc = self
             .tensors
             .get(name)
@@ -103,6 +104,12 @@ impl Checkpoint {
                     .join(", "),
             })?;
         let (path, map) = &self.files[loc.file];
+        Ok((loc, path, map))
+    }
+
+    /// A `U8` tensor's raw values (e.g. reference images stored next to goldens).
+    pub fn get_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>, ExportError> {
+        let (loc, path, map) = self.locate(name)?;
         if loc.shape != shape || loc.dtype != Dtype::U8 {
             return Err(ExportError::TensorShape {
                 tensor: name.to_string(),
@@ -182,19 +189,7 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
 
 impl Weights for Checkpoint {
     fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ExportError> {
-        let loc = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| ExportError::MissingTensor {
-                tensor: name.to_string(),
-                searched: self
-                    .files
-                    .iter()
-                    .map(|(p, _)| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
-        let (path, map) = &self.files[loc.file];
+        let (loc, path, map) = self.locate(name)?;
         if loc.shape != shape {
             return Err(ExportError::TensorShape {
                 tensor: name.to_string(),
