@@ -410,6 +410,13 @@ impl Backend for OrtModel {
         tokens: &[u32],
         caches: Vec<OrtCache>,
     ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
+        if tokens.len() == 1 {
+            // A batch of one needs no padding: feed its cache back as is.
+            let c = caches.into_iter().next().expect("one cache");
+            let e = self.embed(tokens)?;
+            let (l, c) = self.forward(e, Some(c))?;
+            return Ok((vec![l], vec![c]));
+        }
         match self.act {
             DType::F16 => self.decode_batch_t::<f16>(tokens, caches),
             _ => self.decode_batch_t::<f32>(tokens, caches),
