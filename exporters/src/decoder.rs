@@ -81,10 +81,12 @@ pub fn build(
     let total_len = g.op("Add", &[&past_len, &seq_len], &[]);
     let zero = g.scalar_i64(0);
     let one = g.scalar_i64(1);
+    // Explicit constant axes: TensorRT requires Squeeze's axes to be an initializer.
+    let sq_axes = g.const_i64(&[0]);
     let (p_s, s_s, t_s) = (
-        g.op("Squeeze", &[&past_len], &[]),
-        g.op("Squeeze", &[&seq_len], &[]),
-        g.op("Squeeze", &[&total_len], &[]),
+        g.op("Squeeze", &[&past_len, &sq_axes], &[]),
+        g.op("Squeeze", &[&seq_len, &sq_axes], &[]),
+        g.op("Squeeze", &[&total_len, &sq_axes], &[]),
     );
     let keys = g.op("Range", &[&zero, &t_s, &one], &[]);
     let queries = g.op("Range", &[&zero, &s_s, &one], &[]);

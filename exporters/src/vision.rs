@@ -109,8 +109,10 @@ pub fn build(
     let sin_t = g.weight("vision_rope_sin", e.act, &table_dims, &sin_t)?;
     let zero = g.scalar_i64(0);
     let one = g.scalar_i64(1);
-    let h_s = g.op("Squeeze", &[&h], &[]);
-    let w_s = g.op("Squeeze", &[&wd], &[]);
+    // Explicit constant axes: TensorRT requires Squeeze's axes to be an initializer.
+    let sq_axes = g.const_i64(&[0]);
+    let h_s = g.op("Squeeze", &[&h, &sq_axes], &[]);
+    let w_s = g.op("Squeeze", &[&wd, &sq_axes], &[]);
     let rows = g.op("Range", &[&zero, &h_s, &one], &[]);
     let cols = g.op("Range", &[&zero, &w_s, &one], &[]);
     let ax1 = g.const_i64(&[1]);
