@@ -7,6 +7,7 @@
 
 mod cmd_bench;
 mod cmd_common;
+mod cmd_doctor;
 mod cmd_eval;
 mod cmd_export;
 mod cmd_ocr;
@@ -35,6 +36,8 @@ enum Command {
     Bench(cmd_bench::BenchArgs),
     /// Hardware profiles: list them, show one, check one's memory budget against an export.
     Profiles(cmd_profiles::ProfilesArgs),
+    /// Report the ONNX Runtime library, execution providers, GPUs and fitting profiles.
+    Doctor(cmd_doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => cmd_eval::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Profiles(a) => cmd_profiles::run(a),
+        Command::Doctor(a) => cmd_doctor::run(a),
     };
     match result {
         Ok(code) => code,

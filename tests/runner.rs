@@ -185,3 +185,21 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     ]);
     assert!(e.contains("cuda execution provider unavailable"), "{e}");
 }
+
+#[test]
+fn doctor_reports_the_runtime_and_names_a_missing_library() {
+    let out = ocrctl_ok(&["doctor"]);
+    assert!(
+        out.contains("libonnxruntime.so") && out.contains("version 1.3"),
+        "{out}"
+    );
+    assert!(out.contains("cpu       available"), "{out}");
+    assert!(out.contains("profile        cpu"), "{out}");
+    let o = ocrctl(&["doctor", "--ort-lib", "/nowhere/libonnxruntime.so.1.31.1"]);
+    assert!(!o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("NOT AVAILABLE") && s.contains("/nowhere/libonnxruntime.so.1.31.1"),
+        "{s}"
+    );
+}
