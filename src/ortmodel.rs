@@ -74,6 +74,7 @@ pub struct OrtModel {
     head_dim: usize,
     hidden: usize,
     tap: Option<Tap>,
+    batch: Option<BatchKv>,
 }
 
 /// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
@@ -242,6 +243,7 @@ impl OrtModel {
             head_dim: t.head_dim,
             hidden: t.hidden_size,
             tap: None,
+            batch: None,
             dir: dir.to_path_buf(),
             manifest,
         })
@@ -281,8 +283,27 @@ pub const MANIFEST_NAME: &str = ocrctl_exporters::export::MANIFEST;
 
 /// The KV cache of one sequence: `present.*` values from the last step, and its length.
 pub struct OrtCache {
-    kv: Vec<DynValue>,
+    /// Unique per sequence step chain, to recognise the rows of the shared batch cache.
+    id: u64,
+    /// This sequence's own `present.*` values, or `None` when its rows live in the
+    /// model's padded batch cache (kept between batch steps while the batch is unchanged).
+    kv: Option<Vec<DynValue>>,
     len: usize,
+}
+
+/// The padded KV cache of the last batch step: `[B, kv_heads, p, head_dim]` per layer and
+/// kind, row `i` holding sequence `ids[i]` left-padded by `p - lens[i]`.
+struct BatchKv {
+    ids: Vec<u64>,
+    lens: Vec<usize>,
+    p: usize,
+    kv: Vec<DynValue>,
+}
+
+static NEXT_CACHE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_cache_id() -> u64 {
+    NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Backend for OrtModel {
@@ -366,7 +387,8 @@ impl Backend for OrtModel {
         ));
         match cache {
             Some(c) => {
-                for (i, v) in c.kv.into_iter().enumerate() {
+                let kv = self.own_kv(c)?;
+                for (i, v) in kv.into_iter().enumerate() {
                     let kind = if i % 2 == 0 { "key" } else { "value" };
                     inputs.push((format!("past_key_values.{}.{kind}", i / 2).into(), v.into()));
                 }
@@ -402,7 +424,14 @@ impl Backend for OrtModel {
                 );
             }
         }
-        Ok((last, OrtCache { kv, len: past + s }))
+        Ok((
+            last,
+            OrtCache {
+                id: next_cache_id(),
+                kv: Some(kv),
+                len: past + s,
+            },
+        ))
     }
 
     fn decode_batch(
@@ -441,10 +470,57 @@ impl OrtModel {
             .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))
     }
 
+    /// This sequence's own per-layer values, cut out of the batch cache if they live there.
+    fn own_kv(&mut self, c: OrtCache) -> Result<Vec<DynValue>, BackendError> {
+        match c.kv {
+            Some(kv) => Ok(kv),
+            None => match self.act {
+                DType::F16 => self.row_of_batch::<f16>(c.id, c.len),
+                _ => self.row_of_batch::<f32>(c.id, c.len),
+            },
+        }
+    }
+
+    /// Copies sequence `id`'s rows (without the left padding) out of the batch cache.
+    fn row_of_batch<T>(&self, id: u64, len: usize) -> Result<Vec<DynValue>, BackendError>
+    where
+        T: ort::value::PrimitiveTensorElementType + Copy + Default + std::fmt::Debug + 'static,
+    {
+        const PART: &str = "decoder_model_merged";
+        let batch = self
+            .batch
+            .as_ref()
+            .filter(|b| b.ids.contains(&id))
+            .ok_or_else(|| BackendError::Invalid(format!("KV cache of sequence {id} is gone")))?;
+        let i = batch
+            .ids
+            .iter()
+            .position(|x| *x == id)
+            .expect("checked above");
+        let (kvh, hd, p) = (self.kv_heads, self.head_dim, batch.p);
+        let off = p - len;
+        let mut out = Vec::with_capacity(batch.kv.len());
+        for v in &batch.kv {
+            let (_, src) = v
+                .try_extract_tensor::<T>()
+                .map_err(|e| BackendError::runtime(PART, e))?;
+            let mut seq = Vec::with_capacity(kvh * len * hd);
+            for h in 0..kvh {
+                let start = ((i * kvh + h) * p + off) * hd;
+                seq.extend_from_slice(&src[start..start + len * hd]);
+            }
+            let t = Tensor::from_array((vec![1, kvh as i64, len as i64, hd as i64], seq))
+                .map_err(|e| BackendError::runtime(PART, e))?;
+            out.push(t.into_dyn());
+        }
+        Ok(out)
+    }
+
     /// A padded batch step: each sequence's cache is left-padded to the longest one (masked
-    /// out through `attention_mask`), positions continue each sequence's own count, and the
-    /// presents are cut back to per-sequence caches. A sequence's result therefore does not
-    /// depend on what else is in the batch.
+    /// out through `attention_mask`) and positions continue each sequence's own count, so a
+    /// sequence's result does not depend on what else is in the batch. The padded presents
+    /// are kept as the next step's past while the batch stays the same (same sequences, same
+    /// order); caches are repacked only when sequences join or leave.
     fn decode_batch_t<T>(
         &mut self,
         tokens: &[u32],
@@ -462,8 +538,42 @@ impl OrtModel {
             )));
         }
         let (kvh, hd) = (self.kv_heads, self.head_dim);
+        let ids: Vec<u64> = caches.iter().map(|c| c.id).collect();
         let lens: Vec<usize> = caches.iter().map(|c| c.len).collect();
-        let p = *lens.iter().max().expect("non-empty batch");
+        let same_batch = self
+            .batch
+            .as_ref()
+            .is_some_and(|bk| bk.ids == ids && bk.lens == lens)
+            && caches.iter().all(|c| c.kv.is_none());
+        let (p, past): (usize, Vec<DynValue>) = if same_batch {
+            let bk = self.batch.take().expect("checked above");
+            (bk.p, bk.kv)
+        } else {
+            let p = *lens.iter().max().expect("non-empty batch");
+            let mut per_seq = Vec::with_capacity(b);
+            for c in caches {
+                per_seq.push(self.own_kv(c)?);
+            }
+            self.batch = None;
+            let mut past = Vec::with_capacity(2 * self.layers);
+            for j in 0..2 * self.layers {
+                let mut buf = vec![T::default(); b * kvh * p * hd];
+                for (i, seq) in per_seq.iter().enumerate() {
+                    let (_, src) = seq[j]
+                        .try_extract_tensor::<T>()
+                        .map_err(|e| BackendError::runtime(PART, e))?;
+                    let l = lens[i];
+                    for h in 0..kvh {
+                        let dst = ((i * kvh + h) * p + (p - l)) * hd;
+                        buf[dst..dst + l * hd].copy_from_slice(&src[h * l * hd..(h + 1) * l * hd]);
+                    }
+                }
+                let v = Tensor::from_array((vec![b as i64, kvh as i64, p as i64, hd as i64], buf))
+                    .map_err(|e| BackendError::runtime(PART, e))?;
+                past.push(v.into_dyn());
+            }
+            (p, past)
+        };
         let embeds = self.embed_column(tokens)?;
         let mut inputs: Vec<(Cow<str>, SessionInputValue)> =
             Vec::with_capacity(4 + 2 * self.layers);
@@ -487,28 +597,10 @@ impl OrtModel {
             "num_logits_to_keep".into(),
             i64_tensor(vec![], vec![1], PART)?.into(),
         ));
-        let per_seq: Vec<Vec<DynValue>> = caches.into_iter().map(|c| c.kv).collect();
-        for j in 0..2 * self.layers {
-            let mut buf = vec![T::default(); b * kvh * p * hd];
-            for (i, seq) in per_seq.iter().enumerate() {
-                let (_, src) = seq[j]
-                    .try_extract_tensor::<T>()
-                    .map_err(|e| BackendError::runtime(PART, e))?;
-                let l = lens[i];
-                for h in 0..kvh {
-                    let dst = ((i * kvh + h) * p + (p - l)) * hd;
-                    buf[dst..dst + l * hd].copy_from_slice(&src[h * l * hd..(h + 1) * l * hd]);
-                }
-            }
-            let v = Tensor::from_array((vec![b as i64, kvh as i64, p as i64, hd as i64], buf))
-                .map_err(|e| BackendError::runtime(PART, e))?;
+        for (j, v) in past.into_iter().enumerate() {
             let kind = if j % 2 == 0 { "key" } else { "value" };
-            inputs.push((
-                format!("past_key_values.{}.{kind}", j / 2).into(),
-                v.into_dyn().into(),
-            ));
+            inputs.push((format!("past_key_values.{}.{kind}", j / 2).into(), v.into()));
         }
-        drop(per_seq);
         let mut out = self
             .decoder
             .run(inputs)
@@ -520,35 +612,31 @@ impl OrtModel {
         let (shape, data) = read_f(&logits, PART)?;
         let vocab = shape[2];
         let logits: Vec<Vec<f32>> = data.chunks_exact(vocab).map(|c| c.to_vec()).collect();
-        let mut new: Vec<Vec<DynValue>> = (0..b)
-            .map(|_| Vec::with_capacity(2 * self.layers))
-            .collect();
+        let mut kv = Vec::with_capacity(2 * self.layers);
         for j in 0..2 * self.layers {
             let kind = if j % 2 == 0 { "key" } else { "value" };
             let name = format!("present.{}.{kind}", j / 2);
-            let v = out
-                .remove(&name)
-                .ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?;
-            let (_, src) = v
-                .try_extract_tensor::<T>()
-                .map_err(|e| BackendError::runtime(PART, e))?;
-            for (i, l) in lens.iter().enumerate() {
-                let (l1, off) = (l + 1, p - l);
-                let mut seq = Vec::with_capacity(kvh * l1 * hd);
-                for h in 0..kvh {
-                    let start = ((i * kvh + h) * (p + 1) + off) * hd;
-                    seq.extend_from_slice(&src[start..start + l1 * hd]);
-                }
-                let t = Tensor::from_array((vec![1, kvh as i64, l1 as i64, hd as i64], seq))
-                    .map_err(|e| BackendError::runtime(PART, e))?;
-                new[i].push(t.into_dyn());
-            }
+            kv.push(
+                out.remove(&name)
+                    .ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?,
+            );
         }
-        let caches = new
-            .into_iter()
-            .zip(&lens)
-            .map(|(kv, l)| OrtCache { kv, len: l + 1 })
+        let new_lens: Vec<usize> = lens.iter().map(|l| l + 1).collect();
+        let caches = ids
+            .iter()
+            .zip(&new_lens)
+            .map(|(id, l)| OrtCache {
+                id: *id,
+                kv: None,
+                len: *l,
+            })
             .collect();
+        self.batch = Some(BatchKv {
+            ids,
+            lens: new_lens,
+            p: p + 1,
+            kv,
+        });
         Ok((logits, caches))
     }
 }

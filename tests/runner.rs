@@ -61,6 +61,27 @@ fn greedy_results_do_not_depend_on_the_batch() {
 }
 
 #[test]
+fn requests_leaving_and_joining_mid_batch_keep_their_results() {
+    // Without --ignore-eos the pages stop at different steps (6–10 tokens): sequences leave
+    // the batch one by one and the fifth joins while others are still decoding.
+    let (_d, dir) = image_dir();
+    let one = ocr_json(&["--batch-size", "1"], &dir);
+    let four = ocr_json(&["--batch-size", "4"], &dir);
+    let lens: Vec<usize> = one
+        .iter()
+        .map(|v| v["token_ids"].as_array().unwrap().len())
+        .collect();
+    assert!(
+        lens.iter().min() != lens.iter().max(),
+        "lengths differ: {lens:?}"
+    );
+    for (a, b) in one.iter().zip(&four) {
+        assert_eq!(a["token_ids"], b["token_ids"], "{}", a["file"]);
+        assert_eq!(a["text"], b["text"]);
+    }
+}
+
+#[test]
 fn seeded_sampling_is_reproducible_and_batch_independent() {
     let (_d, dir) = image_dir();
     let s = [
