@@ -403,27 +403,8 @@ impl Backend for OrtModel {
                 }
             }
         }
-        let mut out = self
-            .decoder
-            .run(inputs)
-            .map_err(|e| BackendError::runtime(PART, e))?;
-        tap_outputs(&mut self.tap, &out, PART)?;
-        let logits = out
-            .remove("logits")
-            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
-        let (shape, data) = read_f(&logits, PART)?;
-        let vocab = shape[2];
-        let last = data[data.len() - vocab..].to_vec();
-        let mut kv = Vec::with_capacity(2 * self.layers);
-        for i in 0..self.layers {
-            for kind in ["key", "value"] {
-                let name = format!("present.{i}.{kind}");
-                kv.push(
-                    out.remove(&name)
-                        .ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?,
-                );
-            }
-        }
+        let (mut logits, kv) = self.run_decoder(inputs)?;
+        let last = logits.pop().expect("one row of logits");
         Ok((
             last,
             OrtCache {
@@ -454,6 +435,40 @@ impl Backend for OrtModel {
 }
 
 impl OrtModel {
+    /// Runs the decoder: each row's last-position logits and the `present.*` values in
+    /// layer order (key, value, key, …).
+    fn run_decoder(
+        &mut self,
+        inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<DynValue>), BackendError> {
+        const PART: &str = "decoder_model_merged";
+        let mut out = self
+            .decoder
+            .run(inputs)
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        tap_outputs(&mut self.tap, &out, PART)?;
+        let logits = out
+            .remove("logits")
+            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
+        let (shape, data) = read_f(&logits, PART)?;
+        let (rows, vocab) = (shape[0].max(1), shape[2]);
+        let per_row = data.len() / rows;
+        let logits = data
+            .chunks_exact(per_row)
+            .map(|r| r[r.len() - vocab..].to_vec())
+            .collect();
+        let mut kv = Vec::with_capacity(2 * self.layers);
+        for j in 0..2 * self.layers {
+            let kind = if j % 2 == 0 { "key" } else { "value" };
+            let name = format!("present.{}.{kind}", j / 2);
+            kv.push(
+                out.remove(&name)
+                    .ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?,
+            );
+        }
+        Ok((logits, kv))
+    }
+
     /// Embeddings of one token per sequence: `[B, 1, hidden]` as a value of the graph dtype.
     fn embed_column(&mut self, tokens: &[u32]) -> Result<DynValue, BackendError> {
         const PART: &str = "embed_tokens";
@@ -601,26 +616,7 @@ impl OrtModel {
             let kind = if j % 2 == 0 { "key" } else { "value" };
             inputs.push((format!("past_key_values.{}.{kind}", j / 2).into(), v.into()));
         }
-        let mut out = self
-            .decoder
-            .run(inputs)
-            .map_err(|e| BackendError::runtime(PART, e))?;
-        tap_outputs(&mut self.tap, &out, PART)?;
-        let logits = out
-            .remove("logits")
-            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
-        let (shape, data) = read_f(&logits, PART)?;
-        let vocab = shape[2];
-        let logits: Vec<Vec<f32>> = data.chunks_exact(vocab).map(|c| c.to_vec()).collect();
-        let mut kv = Vec::with_capacity(2 * self.layers);
-        for j in 0..2 * self.layers {
-            let kind = if j % 2 == 0 { "key" } else { "value" };
-            let name = format!("present.{}.{kind}", j / 2);
-            kv.push(
-                out.remove(&name)
-                    .ok_or_else(|| BackendError::runtime(PART, format!("no {name} output")))?,
-            );
-        }
+        let (logits, kv) = self.run_decoder(inputs)?;
         let new_lens: Vec<usize> = lens.iter().map(|l| l + 1).collect();
         let caches = ids
             .iter()
