@@ -13,19 +13,6 @@ use ocrctl_exporters::proto::read::summarize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-fn export(out: &Path, extra: &[&str]) {
-    let ck = checkpoint();
-    let mut args = vec![
-        "export",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    ocrctl_ok(&args);
-}
-
 /// Greedy ids and top-5 logprobs for every fixture image with the given model.
 fn run_all(
     dir: &Path,
@@ -80,7 +67,7 @@ fn fixture_images() -> Vec<PathBuf> {
 fn ort_fuses_dequantize_matmul_into_matmulnbits_on_cpu() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("q");
-    export(&out, &["--precision", "int4"]);
+    export_fixture(&out, &["--precision", "int4"]);
     let cfg = Manifest::load(&out).unwrap().model;
     // Quantized Linears: 7 per vision layer + 3 in the projector; 7 per decoder layer + lm_head.
     let expect = [
@@ -142,8 +129,8 @@ fn ort_fuses_dequantize_matmul_into_matmulnbits_on_cpu() {
 fn qdq_and_matmulnbits_layouts_give_identical_outputs() {
     let d = tempfile::tempdir().unwrap();
     let (qdq, nbits) = (d.path().join("qdq"), d.path().join("nbits"));
-    export(&qdq, &["--precision", "int4", "--block-size", "32"]);
-    export(
+    export_fixture(&qdq, &["--precision", "int4", "--block-size", "32"]);
+    export_fixture(
         &nbits,
         &[
             "--precision",
@@ -174,7 +161,7 @@ fn int4_end_to_end_matches_the_committed_measurement() {
     .unwrap();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("m");
-    export(&out, &["--precision", "fp32,int4", "--block-size", "32"]);
+    export_fixture(&out, &["--precision", "fp32,int4", "--block-size", "32"]);
     let fp32 = run_all(&out, Precision::Fp32, 0, 40);
     let int4 = run_all(&out, Precision::Int4, 0, 40);
     for (i, want) in expected["images"].as_array().unwrap().iter().enumerate() {
@@ -278,7 +265,7 @@ fn calibration_needs_readable_images() {
 }
 
 #[test]
-fn awq_calibration_is_no_worse_than_round_to_nearest_on_its_proxy() {
+fn awq_scales_are_folded_correctly_and_never_lose_to_rtn_on_the_proxy() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("awq");
     let calib = d.path().join("calib");
@@ -286,7 +273,7 @@ fn awq_calibration_is_no_worse_than_round_to_nearest_on_its_proxy() {
     for f in fixture_images().iter().take(2) {
         std::fs::copy(f, calib.join(f.file_name().unwrap())).unwrap();
     }
-    export(
+    export_fixture(
         &out,
         &[
             "--precision",
@@ -315,7 +302,19 @@ fn awq_calibration_is_no_worse_than_round_to_nearest_on_its_proxy() {
         choices.iter().any(|c| c.alpha > 0.0),
         "some group benefits from scaling"
     );
-    // The calibrated export runs and reads the fixture.
-    let r = run_all(&out, Precision::Int4, 0, 8);
-    assert_eq!(r.len(), fixture_images().len());
+    // The scales are folded correctly (a wrong fold garbles the model): the calibrated int4
+    // model reads every fixture image exactly like the reference, up to and including EOS.
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture().join("golden/golden.json")).unwrap(),
+    )
+    .unwrap();
+    let r = run_all(&out, Precision::Int4, 0, 12);
+    for (im, (ids, _)) in golden["images"].as_array().unwrap().iter().zip(&r) {
+        let n = im["steps_until_eos"].as_u64().unwrap() as usize + 1;
+        let want: Vec<u32> = im["greedy_ids"].as_array().unwrap()[..n]
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(&ids[..n], &want[..], "{}", im["stem"]);
+    }
 }

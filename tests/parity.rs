@@ -89,14 +89,6 @@ fn load(precision: Precision) -> OrtModel {
     OrtModel::load(exported(), &LoadOptions::new(precision)).expect("model loads")
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()

@@ -87,18 +87,10 @@ fn graph(bytes: &[u8]) -> (Vec<Node>, BTreeSet<String>) {
 fn tensorrt_graphs_use_only_ops_the_onnx_tensorrt_parser_supports() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("trt");
-    let ck = checkpoint();
-    ocrctl_ok(&[
-        "export",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--target",
-        "tensorrt",
-        "--precision",
-        "fp32,fp16,int4-fp16",
-    ]);
+    export_fixture(
+        &out,
+        &["--target", "tensorrt", "--precision", "fp32,fp16,int4-fp16"],
+    );
     let mut files = 0;
     for e in std::fs::read_dir(out.join("onnx")).unwrap() {
         let p = e.unwrap().path();

@@ -15,23 +15,8 @@ use tract_onnx::prelude::*;
 fn export_standard_ops() -> (tempfile::TempDir, std::path::PathBuf) {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("trt");
-    ocrctl_ok(&[
-        "export",
-        "--checkpoint",
-        checkpoint().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--target",
-        "tensorrt",
-    ]);
+    export_fixture(&out, &["--target", "tensorrt"]);
     (d, out)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -42,6 +42,29 @@ pub fn ocrctl_err(args: &[&str]) -> String {
     String::from_utf8(out.stderr).unwrap()
 }
 
+/// Exports the fixture checkpoint to `out` with extra `ocrctl export` flags.
+pub fn export_fixture(out: &Path, extra: &[&str]) {
+    let ck = checkpoint();
+    let mut args = vec![
+        "export",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ocrctl_ok(&args);
+}
+
+/// Largest absolute difference of two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 static EXPORT: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
 
 /// The fixture exported once (fp32 + fp16, ORT target) for this test binary.
@@ -50,15 +73,7 @@ pub fn exported() -> &'static Path {
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("tiny");
-            ocrctl_ok(&[
-                "export",
-                "--checkpoint",
-                checkpoint().to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--precision",
-                "fp32,fp16",
-            ]);
+            export_fixture(&out, &["--precision", "fp32,fp16"]);
             (dir, out)
         })
         .1
