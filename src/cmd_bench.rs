@@ -168,11 +168,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             engine.max_batch = b.max(1);
             let req = GenRequest {
                 prompt_ids: ids.clone(),
-                pixel_values: Some(p.pixel_values.clone()),
+                images: vec![p.pixel_values.clone()],
                 params: SamplingParams::greedy(),
                 max_new_tokens: a.new_tokens,
                 stop_ids: vec![],
                 ignore_eos: true,
+                logprobs: false,
                 top_logprobs: 0,
             };
             let t = Instant::now();

@@ -184,11 +184,12 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             ));
             Ok(GenRequest {
                 prompt_ids: ids,
-                pixel_values: Some(p.pixel_values),
+                images: vec![p.pixel_values],
                 params: params.clone(),
                 max_new_tokens: max_tokens,
                 stop_ids: stops.clone(),
                 ignore_eos: a.ignore_eos,
+                logprobs: false,
                 top_logprobs: a.top_logprobs,
             })
         })();

@@ -44,8 +44,31 @@ pub struct GreedyOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct Generation {
     pub token_ids: Vec<u32>,
+    /// The chosen tokens' log-probabilities, when asked for (else empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<f32>,
     pub top_logprobs: Vec<Vec<TokenLogprob>>,
     pub finish_reason: FinishReason,
+}
+
+/// Stop ids of an exported model: `generation_config.json`'s `eos_token_id` (a number or a
+/// list) if the file has one, else `fallback` (the config's).
+pub fn stop_ids(model_dir: &std::path::Path, fallback: &[u32]) -> Vec<u32> {
+    let from_gen = std::fs::read_to_string(model_dir.join("generation_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| match v.get("eos_token_id") {
+            Some(serde_json::Value::Array(a)) => Some(
+                a.iter()
+                    .filter_map(|x| x.as_u64().map(|n| n as u32))
+                    .collect(),
+            ),
+            Some(x) => x.as_u64().map(|n| vec![n as u32]),
+            None => None,
+        });
+    from_gen
+        .filter(|v: &Vec<u32>| !v.is_empty())
+        .unwrap_or_else(|| fallback.to_vec())
 }
 
 /// Replaces the rows of `embeds` at positions where `ids == image_token_id` with the rows
@@ -132,6 +155,7 @@ pub fn generate_greedy<B: Backend>(
     }
     let mut out = Generation {
         token_ids: Vec::new(),
+        logprobs: Vec::new(),
         top_logprobs: Vec::new(),
         finish_reason: FinishReason::Length,
     };

@@ -3,6 +3,7 @@
 //! ```text
 //! ocrctl export --checkpoint tests/fixtures/tiny-lightonocr/checkpoint --out out/tiny
 //! ocrctl ocr --model out/tiny --max-tokens 64 --temperature 0 --json page.png
+//! ocrctl serve --model out/tiny --profile cpu --precision fp32 --port 8000
 //! ```
 
 mod cmd_bench;
@@ -12,6 +13,7 @@ mod cmd_eval;
 mod cmd_export;
 mod cmd_ocr;
 mod cmd_profiles;
+mod cmd_serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -36,6 +38,8 @@ enum Command {
     Bench(cmd_bench::BenchArgs),
     /// Hardware profiles: list them, show one, check one's memory budget against an export.
     Profiles(cmd_profiles::ProfilesArgs),
+    /// Serve the OpenAI-compatible API (/v1/chat/completions, /v1/ocr) and an upload page.
+    Serve(cmd_serve::ServeArgs),
     /// Report the ONNX Runtime library, execution providers, GPUs and fitting profiles.
     Doctor(cmd_doctor::DoctorArgs),
 }
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd_bench::run(a),
         Command::Profiles(a) => cmd_profiles::run(a),
         Command::Doctor(a) => cmd_doctor::run(a),
+        Command::Serve(a) => cmd_serve::run(a),
     };
     match result {
         Ok(code) => code,

@@ -248,14 +248,24 @@ impl Prompter {
     /// Renders the chat template for one user turn holding `num_images` image parts followed by
     /// an optional text part, with `add_generation_prompt = true`.
     pub fn render(&self, num_images: usize, text: Option<&str>) -> Result<String, PromptError> {
+        self.render_messages(&Self::user_turn(num_images, text))
+    }
+
+    /// The messages of one user turn: `num_images` image parts, then the text if any.
+    fn user_turn(num_images: usize, text: Option<&str>) -> Value {
         let mut content: Vec<Value> = (0..num_images).map(|_| json!({"type": "image"})).collect();
         if let Some(text) = text {
             content.push(json!({"type": "text", "text": text}));
         }
-        let messages = json!([{"role": "user", "content": content}]);
+        json!([{"role": "user", "content": content}])
+    }
 
+    /// Renders the chat template over `messages` (the template's own shape: a list of
+    /// `{"role", "content"}` where content is a string or a list of `{"type": "image"}` /
+    /// `{"type": "text", "text"}` parts) with `add_generation_prompt = true`.
+    pub fn render_messages(&self, messages: &Value) -> Result<String, PromptError> {
         let mut ctx: BTreeMap<&str, JinjaValue> = BTreeMap::new();
-        ctx.insert("messages", JinjaValue::from_serialize(&messages));
+        ctx.insert("messages", JinjaValue::from_serialize(messages));
         ctx.insert("add_generation_prompt", JinjaValue::from(true));
         for (name, token) in &self.special_tokens {
             ctx.insert(name.as_str(), JinjaValue::from(token.as_str()));
@@ -282,10 +292,24 @@ impl Prompter {
         image_token_counts: &[usize],
         text: Option<&str>,
     ) -> Result<Vec<u32>, PromptError> {
+        self.encode_messages(
+            &Self::user_turn(image_token_counts.len(), text),
+            image_token_counts,
+        )
+    }
+
+    /// [`Prompter::encode`] for a whole conversation in the template's shape (see
+    /// [`Prompter::render_messages`]); the `k`-th image part gets `image_token_counts[k]`
+    /// image tokens.
+    pub fn encode_messages(
+        &self,
+        messages: &Value,
+        image_token_counts: &[usize],
+    ) -> Result<Vec<u32>, PromptError> {
         if let Some(index) = image_token_counts.iter().position(|&n| n == 0) {
             return Err(PromptError::ZeroImageTokens { index });
         }
-        let prompt = self.render(image_token_counts.len(), text)?;
+        let prompt = self.render_messages(messages)?;
         let encoding = self
             .tokenizer
             .encode(prompt.as_str(), false)

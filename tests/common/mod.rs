@@ -2,6 +2,8 @@
 //! and one fp32/fp16 export of the tiny fixture per test binary.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

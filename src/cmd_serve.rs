@@ -1,0 +1,186 @@
+//! `ocrctl serve`: the OpenAI-compatible HTTP server (see [`ocrctl::server`]).
+//!
+//! ```text
+//! ocrctl serve --model out/m --profile 16gb --port 8000 --api-key "$KEY"
+//! ```
+//!
+//! Every option can also come from an `OCRCTL_*` environment variable (`OCRCTL_MODEL`,
+//! `OCRCTL_PROFILE`, `OCRCTL_PORT`, …). The model loads on the engine thread while the
+//! server already answers: `/health` is 503 until it is ready.
+
+use anyhow::Context;
+use clap::Args;
+use ocrctl::engine::Engine;
+use ocrctl::ortmodel::OrtModel;
+use ocrctl::preprocess::{PreprocessConfig, DEFAULT_MAX_PIXELS};
+use ocrctl::prompt::Prompter;
+use ocrctl::sampling::{LoopGuard, SamplingParams};
+use ocrctl::server::{worker, AppState, ServerConfig};
+use ocrctl_exporters::export::Manifest;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Arguments of `ocrctl serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Exported model directory (from `ocrctl export`).
+    #[arg(long, env = "OCRCTL_MODEL")]
+    model: PathBuf,
+    #[command(flatten)]
+    rt: crate::cmd_common::RuntimeArgs,
+    /// Address to listen on.
+    #[arg(long, env = "OCRCTL_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the chosen address is printed).
+    #[arg(long, env = "OCRCTL_PORT", default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* (compared in constant time).
+    #[arg(long, env = "OCRCTL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Fetch `http://` image URLs given in requests (off: only data: URLs are accepted).
+    #[arg(long, env = "OCRCTL_ALLOW_REMOTE_IMAGES")]
+    allow_remote_images: bool,
+    /// Model name for /v1/models and requests' `model` (default: the model directory's name).
+    #[arg(long, env = "OCRCTL_SERVED_MODEL_NAME")]
+    served_model_name: Option<String>,
+    /// Seconds a request may take from arrival to its last token (queue wait included).
+    #[arg(long, env = "OCRCTL_REQUEST_TIMEOUT", default_value_t = 600)]
+    request_timeout: u64,
+    /// Seconds running requests may take to finish after SIGTERM.
+    #[arg(long, env = "OCRCTL_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    shutdown_timeout: u64,
+    /// Requests decoded together (default: the profile's max_batch_size).
+    #[arg(long, env = "OCRCTL_BATCH_SIZE")]
+    batch_size: Option<usize>,
+    /// Requests that may wait for a batch slot before 429 (default: the profile's queue_size).
+    #[arg(long, env = "OCRCTL_QUEUE_SIZE")]
+    queue_size: Option<usize>,
+    /// Refuse images with more pixels than this (checked from the header, before decoding).
+    #[arg(long, env = "OCRCTL_MAX_PIXELS", default_value_t = DEFAULT_MAX_PIXELS)]
+    max_pixels: u64,
+    /// Stop a request whose output repeats a block of tokens many times in a row.
+    #[arg(long, env = "OCRCTL_LOOP_GUARD")]
+    loop_guard: bool,
+}
+
+/// Runs the server until SIGTERM/SIGINT.
+pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
+    if a.rt.profile.is_none() {
+        a.rt.profile = Some(std::env::var("OCRCTL_PROFILE").unwrap_or_else(|_| "cpu".into()));
+    }
+    let (opts, profile) = a.rt.load_options(&a.model)?;
+    let profile = profile.expect("a profile is always set above");
+    let manifest =
+        Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
+    let cfg = manifest.model.clone();
+    let prompter = Arc::new(Prompter::from_model_dir(&a.model, cfg.image_token_id)?);
+    let mut pre = PreprocessConfig::from_model_dir(
+        &a.model,
+        cfg.vision.patch_size as u32,
+        cfg.spatial_merge_size as u32,
+    )?;
+    pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
+    let gen_path = a.model.join("generation_config.json");
+    let mut defaults = match std::fs::read_to_string(&gen_path) {
+        Ok(t) => {
+            let v: serde_json::Value = serde_json::from_str(&t)
+                .with_context(|| format!("{}: invalid JSON", gen_path.display()))?;
+            SamplingParams::from_generation_config(&v)
+                .with_context(|| gen_path.display().to_string())?
+        }
+        Err(_) => SamplingParams::greedy(),
+    };
+    if a.loop_guard {
+        defaults.loop_guard = Some(LoopGuard::default());
+    }
+    let batch = a.batch_size.unwrap_or(profile.max_batch_size as usize);
+    if batch == 0 {
+        anyhow::bail!("--batch-size must be at least 1");
+    }
+    let model_name = a.served_model_name.clone().unwrap_or_else(|| {
+        a.model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "ocrctl".into())
+    });
+    let shared = Arc::new(worker::Shared::new(
+        a.queue_size.unwrap_or(profile.queue_size as usize),
+    ));
+    let uses_gpu = opts
+        .providers
+        .order
+        .iter()
+        .any(|p| *p != ocrctl::providers::Provider::Cpu);
+    let state = Arc::new(AppState {
+        cfg: ServerConfig {
+            model_name,
+            max_body_bytes: profile.max_body_mb as usize * 1024 * 1024,
+            max_images: profile.max_images_per_request as usize,
+            max_pixels: a.max_pixels,
+            default_max_new_tokens: profile.default_max_new_tokens as usize,
+            max_new_tokens_limit: profile.max_new_tokens_limit as usize,
+            max_sequence_length: profile.max_sequence_length as usize,
+            api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+            allow_remote_images: a.allow_remote_images,
+            request_timeout: Duration::from_secs(a.request_timeout),
+            defaults,
+            stop_ids: ocrctl::generate::stop_ids(&a.model, &cfg.eos_token_ids),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        },
+        shared: shared.clone(),
+        prompter: prompter.clone(),
+        pre,
+        stopping: AtomicBool::new(false),
+        gpu_memory: uses_gpu.then_some(ocrctl::gpumem::process_gpu_memory as fn() -> Option<u64>),
+    });
+    // The engine thread owns the model.
+    let dir = a.model.clone();
+    let image_token_id = cfg.image_token_id;
+    std::thread::Builder::new()
+        .name("ocrctl-engine".into())
+        .spawn(move || {
+            let t = std::time::Instant::now();
+            match OrtModel::load(&dir, &opts) {
+                Ok(model) => {
+                    eprintln!(
+                        "ocrctl serve: model loaded in {:.1} s (batch {batch})",
+                        t.elapsed().as_secs_f64()
+                    );
+                    let engine = Engine {
+                        backend: model,
+                        max_batch: batch,
+                        image_token_id,
+                    };
+                    worker::run_worker(engine, prompter, shared);
+                }
+                Err(e) => {
+                    eprintln!("error: loading {}: {e}", dir.display());
+                    worker::set_failed(&shared, e.to_string());
+                }
+            }
+        })
+        .context("starting the engine thread")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("ocrctl serve: listening on http://{local}");
+        ocrctl::server::serve(listener, state, Duration::from_secs(a.shutdown_timeout)).await?;
+        eprintln!("ocrctl serve: stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,133 @@
+//! [`ApiError`]: every way an HTTP request can fail, mapped once to a status code and
+//! OpenAI's error body `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered to a client. `param` names the request field at fault when there is one.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or asks for something unsupported (400).
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<String>,
+    },
+    /// Missing or wrong API key (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Unknown route or model (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The body is larger than the profile's `max_body_mb` (413).
+    #[error("request body is larger than the limit of {limit_mb} MiB (max_body_mb)")]
+    TooLarge { limit_mb: u64 },
+    /// The queue is full (429, with `Retry-After`).
+    #[error("the server is busy: {queued} requests are already waiting (queue_size); retry later")]
+    QueueFull { queued: usize },
+    /// The model is still loading, the server is shutting down, or the engine stopped (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request's deadline passed before it finished (504).
+    #[error("request did not finish within {secs} s (--request-timeout)")]
+    Timeout { secs: u64 },
+    /// The engine failed on this request (500).
+    #[error("generation failed: {0}")]
+    Engine(String),
+}
+
+impl ApiError {
+    /// A 400 naming the request field at fault.
+    pub fn bad(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: Some(param.into()),
+        }
+    }
+
+    /// A 400 about the request as a whole.
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `type` and `code` strings for this error.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::BadRequest { .. } => ("invalid_request_error", "invalid_value"),
+            ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
+            ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
+            ApiError::QueueFull { .. } => ("rate_limit_error", "queue_full"),
+            ApiError::Unavailable(_) => ("server_error", "unavailable"),
+            ApiError::Timeout { .. } => ("server_error", "timeout"),
+            ApiError::Engine(_) => ("server_error", "engine_error"),
+        }
+    }
+
+    /// The JSON body `{"error": {...}}` (also sent as an SSE event inside streams).
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code) = self.kind();
+        let param = match self {
+            ApiError::BadRequest { param, .. } => param.clone(),
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+}
+
+/// Seconds a client is told to wait after a 429.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status(), axum::Json(self.body())).into_response();
+        match &self {
+            ApiError::QueueFull { .. } => {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            ApiError::Unauthorized(_) => {
+                r.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape_and_status_matches() {
+        let e = ApiError::bad("n", "n must be 1");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let b = e.body();
+        assert_eq!(b["error"]["param"], "n");
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["message"], "n must be 1");
+        let r = ApiError::QueueFull { queued: 3 }.into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,254 @@
+//! Prometheus metrics of the server, kept in atomics and written as the text exposition
+//! format by `GET /metrics`. No registry crate: a handful of counters, gauges and
+//! fixed-bucket histograms is all the server needs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A histogram with fixed upper bounds (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    /// Sum of observations in microseconds.
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    /// A histogram with these bucket upper bounds (ascending, `+Inf` implied).
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation of `secs` seconds.
+    pub fn observe(&self, secs: f64) {
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            if secs <= *b {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_us
+            .fetch_add((secs.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let n = self.count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {n}");
+    }
+}
+
+const TTFT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+const REQUEST_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+/// Everything `/metrics` reports.
+pub struct Metrics {
+    /// Responses by (route, status code).
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub request_duration: Histogram,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Tokens per second of the last decoder step (f64 bits).
+    pub step_tokens_per_s: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Mutex::new(BTreeMap::new()),
+            time_to_first_token: Histogram::new(TTFT_BUCKETS),
+            inter_token_latency: Histogram::new(ITL_BUCKETS),
+            request_duration: Histogram::new(REQUEST_BUCKETS),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            step_tokens_per_s: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Gauges read at scrape time.
+pub struct Gauges {
+    pub queue_depth: usize,
+    pub batch_size: usize,
+    pub ready: bool,
+    /// GPU memory this process holds, bytes (None: no GPU or nvidia-smi missing).
+    pub gpu_memory_bytes: Option<u64>,
+    /// Resident host memory, bytes.
+    pub rss_bytes: Option<u64>,
+}
+
+impl Metrics {
+    /// Counts one response of `route` with `status`.
+    pub fn count_request(&self, route: &str, status: u16) {
+        let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((route.to_string(), status)).or_insert(0) += 1;
+    }
+
+    /// Responses counted for `route` with `status` (for tests).
+    pub fn requests(&self, route: &str, status: u16) -> u64 {
+        let m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&(route.to_string(), status)).copied().unwrap_or(0)
+    }
+
+    /// The Prometheus text exposition of all metrics.
+    pub fn render(&self, g: &Gauges) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP ocrctl_requests_total HTTP responses by route and status code.\n# TYPE ocrctl_requests_total counter\n");
+        {
+            let m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+            for ((route, status), n) in m.iter() {
+                let _ = writeln!(
+                    out,
+                    "ocrctl_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+                );
+            }
+        }
+        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        };
+        gauge(
+            &mut out,
+            "ocrctl_model_ready",
+            "1 once the model is loaded.",
+            g.ready as u8 as f64,
+        );
+        gauge(
+            &mut out,
+            "ocrctl_queue_depth",
+            "Requests waiting for a batch slot.",
+            g.queue_depth as f64,
+        );
+        gauge(
+            &mut out,
+            "ocrctl_batch_size",
+            "Requests in the running decode batch.",
+            g.batch_size as f64,
+        );
+        counter(
+            &mut out,
+            "ocrctl_prompt_tokens_total",
+            "Prompt tokens of admitted requests.",
+            self.prompt_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "ocrctl_generated_tokens_total",
+            "Tokens generated.",
+            self.generated_tokens.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "ocrctl_decode_tokens_per_second",
+            "Tokens per second of the last decoder step (all sequences of the batch).",
+            f64::from_bits(self.step_tokens_per_s.load(Ordering::Relaxed)),
+        );
+        self.time_to_first_token.write(
+            &mut out,
+            "ocrctl_time_to_first_token_seconds",
+            "From request accepted to its first token.",
+        );
+        self.inter_token_latency.write(
+            &mut out,
+            "ocrctl_inter_token_latency_seconds",
+            "Between consecutive tokens of a request.",
+        );
+        self.request_duration.write(
+            &mut out,
+            "ocrctl_request_duration_seconds",
+            "From request accepted to its last token.",
+        );
+        if let Some(b) = g.gpu_memory_bytes {
+            gauge(
+                &mut out,
+                "ocrctl_gpu_memory_used_bytes",
+                "GPU memory held by this process (nvidia-smi).",
+                b as f64,
+            );
+        }
+        if let Some(b) = g.rss_bytes {
+            gauge(
+                &mut out,
+                "ocrctl_resident_memory_bytes",
+                "Resident host memory of this process.",
+                b as f64,
+            );
+        }
+        out
+    }
+}
+
+/// Resident set size of this process from `/proc/self/statm` (Linux).
+pub fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_counters_gauges_and_cumulative_buckets() {
+        let m = Metrics::default();
+        m.count_request("/v1/chat/completions", 200);
+        m.count_request("/v1/chat/completions", 200);
+        m.count_request("/v1/chat/completions", 429);
+        m.time_to_first_token.observe(0.07);
+        m.time_to_first_token.observe(3.0);
+        let text = m.render(&Gauges {
+            queue_depth: 2,
+            batch_size: 4,
+            ready: true,
+            gpu_memory_bytes: None,
+            rss_bytes: Some(10),
+        });
+        assert!(
+            text.contains("ocrctl_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2")
+        );
+        assert!(text.contains("status=\"429\"} 1"));
+        assert!(text.contains("ocrctl_queue_depth 2\n"));
+        assert!(text.contains("ocrctl_batch_size 4\n"));
+        assert!(text.contains("ocrctl_time_to_first_token_seconds_bucket{le=\"0.05\"} 0"));
+        assert!(text.contains("ocrctl_time_to_first_token_seconds_bucket{le=\"0.1\"} 1"));
+        assert!(text.contains("ocrctl_time_to_first_token_seconds_bucket{le=\"5\"} 2"));
+        assert!(text.contains("ocrctl_time_to_first_token_seconds_count 2"));
+        assert!(!text.contains("gpu_memory"));
+        assert_eq!(m.requests("/v1/chat/completions", 200), 2);
+    }
+}

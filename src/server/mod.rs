@@ -1,0 +1,239 @@
+//! `ocrctl serve`: an OpenAI-compatible HTTP server over the continuous-batching engine.
+//!
+//! One engine thread owns the model ([`worker`]); axum handlers parse and check requests
+//! ([`openai`], [`images`]), preprocess images on tokio's blocking pool, and queue jobs
+//! through a bounded queue (429 when full). Errors are one enum ([`error::ApiError`]) mapped
+//! once to statuses and OpenAI's error body.
+//!
+//! ```text
+//! ocrctl serve --model out/tiny --profile cpu --precision fp32 --port 8000
+//! curl -s localhost:8000/v1/ocr -F file=@page.png
+//! ```
+
+pub mod error;
+pub mod images;
+pub mod metrics;
+pub mod openai;
+mod page;
+mod routes;
+pub mod worker;
+
+use crate::preprocess::PreprocessConfig;
+use crate::prompt::Prompter;
+use crate::sampling::SamplingParams;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use error::ApiError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use worker::{ModelState, Shared};
+
+/// Fixed settings of a running server (from the profile and flags).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name `/v1/models` lists and requests may ask for.
+    pub model_name: String,
+    pub max_body_bytes: usize,
+    pub max_images: usize,
+    /// Pixel limit checked from an image's header before decoding.
+    pub max_pixels: u64,
+    pub default_max_new_tokens: usize,
+    pub max_new_tokens_limit: usize,
+    /// Prompt + new tokens of one sequence.
+    pub max_sequence_length: usize,
+    pub api_key: Option<String>,
+    pub allow_remote_images: bool,
+    pub request_timeout: Duration,
+    /// Sampling defaults (from `generation_config.json`); requests override them.
+    pub defaults: SamplingParams,
+    pub stop_ids: Vec<u32>,
+    /// Unix time the server started (OpenAI's `created` of the model).
+    pub created: u64,
+}
+
+/// Everything handlers share.
+pub struct AppState {
+    pub cfg: ServerConfig,
+    pub shared: Arc<Shared>,
+    pub prompter: Arc<Prompter>,
+    pub pre: PreprocessConfig,
+    /// Set on SIGTERM: new generation requests get 503 while running ones finish.
+    pub stopping: AtomicBool,
+    /// GPU memory probe for `/metrics` (None on CPU-only servers).
+    pub gpu_memory: Option<fn() -> Option<u64>>,
+}
+
+impl AppState {
+    /// 503 unless the model is loaded and the server is not shutting down.
+    fn ready(&self) -> Result<(), ApiError> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Err(ApiError::Unavailable("the server is shutting down".into()));
+        }
+        match self.shared.state() {
+            ModelState::Ready => Ok(()),
+            ModelState::Loading => Err(ApiError::Unavailable("the model is still loading".into())),
+            ModelState::Failed => Err(ApiError::Unavailable(format!(
+                "the model failed to load: {}",
+                self.shared
+                    .load_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_default()
+            ))),
+        }
+    }
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() != b.len()) as u8;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+/// Checks `Authorization: Bearer KEY` on `/v1/*` when an API key is set.
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.cfg.api_key {
+        if req.uri().path().starts_with("/v1/") {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            match given {
+                None => {
+                    return ApiError::Unauthorized(
+                        "missing API key: send Authorization: Bearer <key>".into(),
+                    )
+                    .into_response()
+                }
+                Some(g) if !constant_time_eq(g.as_bytes(), key.as_bytes()) => {
+                    return ApiError::Unauthorized("invalid API key".into()).into_response()
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Routes whose responses are counted by path; anything else counts as `other`.
+const ROUTES: [&str; 6] = [
+    "/",
+    "/health",
+    "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/ocr",
+];
+
+/// Counts every response by route and status.
+async fn count(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let route = ROUTES
+        .iter()
+        .find(|r| **r == path)
+        .copied()
+        .unwrap_or("other");
+    let r = next.run(req).await;
+    st.shared.metrics.count_request(route, r.status().as_u16());
+    r
+}
+
+/// The server's routes and middleware.
+pub fn router(st: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/", get(page::upload_page))
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .route("/v1/models", get(routes::models))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/ocr", post(routes::ocr))
+        .fallback(routes::not_found)
+        .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
+        .layer(axum::middleware::from_fn_with_state(st.clone(), count))
+        .with_state(st)
+}
+
+/// Serves on `listener` until SIGTERM/SIGINT, then stops accepting, lets running requests
+/// finish for at most `grace`, and returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    st: Arc<AppState>,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let signalled = {
+        let st = st.clone();
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            st.stopping.store(true, Ordering::Relaxed);
+            eprintln!(
+                "ocrctl serve: shutting down, finishing running requests (at most {} s)",
+                grace.as_secs()
+            );
+            stop.notify_waiters();
+        }
+    };
+    let app = router(st);
+    let server = axum::serve(listener, app).with_graceful_shutdown(signalled);
+    let bound = async {
+        stop.notified().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        r = server => r,
+        _ = bound => {
+            eprintln!("ocrctl serve: grace period over, exiting with requests still running");
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_whole_secrets() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

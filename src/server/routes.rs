@@ -1,0 +1,635 @@
+//! HTTP handlers: `/v1/chat/completions` (JSON or SSE), `/v1/ocr` (multipart upload →
+//! markdown), `/v1/models`, `/health`, `/metrics`.
+
+use super::error::ApiError;
+use super::images;
+use super::metrics::{rss_bytes, Gauges};
+use super::openai::{self, ChatParams};
+use super::worker::{Job, JobEvent, ModelState};
+use super::AppState;
+use crate::engine::GenRequest;
+use crate::sampling::SamplingParams;
+use axum::body::{Body, Bytes};
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Multipart, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Marker written between the pages of a multi-page document's markdown.
+pub const PAGE_BREAK: &str = "\n\n---\n\n";
+
+type St = State<Arc<AppState>>;
+
+fn body_error(status: StatusCode, st: &AppState, detail: String) -> ApiError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::TooLarge {
+            limit_mb: (st.cfg.max_body_bytes / (1024 * 1024)) as u64,
+        }
+    } else {
+        ApiError::invalid(format!("cannot read the request body: {detail}"))
+    }
+}
+
+/// `GET /health`: 200 once the model is loaded, 503 before (or when it failed).
+pub async fn health(State(st): St) -> Response {
+    match (st.shared.state(), st.stopping.load(Ordering::Relaxed)) {
+        (ModelState::Ready, false) => {
+            (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
+        }
+        (ModelState::Ready, true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting_down"})),
+        )
+            .into_response(),
+        (ModelState::Loading, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        )
+            .into_response(),
+        (ModelState::Failed, _) => {
+            let why = st
+                .shared
+                .load_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "failed", "error": why})),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(st): St) -> Response {
+    let gpu = match st.gpu_memory {
+        Some(probe) => tokio::task::spawn_blocking(probe).await.ok().flatten(),
+        None => None,
+    };
+    let text = st.shared.metrics.render(&Gauges {
+        queue_depth: st.shared.queue_depth(),
+        batch_size: st.shared.batch_size.load(Ordering::Relaxed),
+        ready: st.shared.state() == ModelState::Ready,
+        gpu_memory_bytes: gpu,
+        rss_bytes: rss_bytes(),
+    });
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(st): St) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.cfg.model_name,
+            "object": "model",
+            "created": st.cfg.created,
+            "owned_by": "ocrctl",
+            "max_model_len": st.cfg.max_sequence_length,
+        }]
+    }))
+}
+
+/// Unknown routes: 404 in OpenAI's error shape.
+pub async fn not_found(req: axum::extract::Request) -> ApiError {
+    ApiError::NotFound(format!("no route {} {}", req.method(), req.uri().path()))
+}
+
+/// Sampling settings of a request: the model's defaults with the request's overrides.
+struct Overrides {
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    repetition_penalty: Option<f32>,
+    seed: Option<u64>,
+}
+
+impl Overrides {
+    fn of(p: &ChatParams) -> Overrides {
+        Overrides {
+            max_tokens: p.max_tokens,
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            repetition_penalty: p.repetition_penalty,
+            seed: p.seed,
+        }
+    }
+
+    fn sampling(&self, defaults: &SamplingParams) -> Result<SamplingParams, ApiError> {
+        let mut s = defaults.clone();
+        if let Some(t) = self.temperature {
+            s.temperature = t;
+        }
+        if let Some(p) = self.top_p {
+            s.top_p = p;
+        }
+        if let Some(k) = self.top_k {
+            s.top_k = k;
+        }
+        if let Some(r) = self.repetition_penalty {
+            s.repetition_penalty = r;
+        }
+        if self.seed.is_some() {
+            s.seed = self.seed;
+        }
+        s.validate()
+            .map_err(|e| ApiError::bad(e.param(), e.to_string()))?;
+        Ok(s)
+    }
+
+    fn max_tokens(&self, st: &AppState) -> Result<usize, ApiError> {
+        let n = self.max_tokens.unwrap_or(st.cfg.default_max_new_tokens);
+        if n > st.cfg.max_new_tokens_limit {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!(
+                    "max_tokens {n} is more than this server's limit of {} (the profile's max_new_tokens_limit)",
+                    st.cfg.max_new_tokens_limit
+                ),
+            ));
+        }
+        Ok(n)
+    }
+}
+
+fn check_length(st: &AppState, prompt: usize, max_tokens: usize) -> Result<(), ApiError> {
+    if prompt + max_tokens > st.cfg.max_sequence_length {
+        return Err(ApiError::bad(
+            "max_tokens",
+            format!(
+                "the prompt has {prompt} tokens; with max_tokens {max_tokens} that is more than \
+                 the limit of {} (max_sequence_length); send a smaller image or ask for fewer tokens",
+                st.cfg.max_sequence_length
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{prefix}-{:x}{:06x}", t.as_micros(), n & 0xff_ffff)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Queues `req`; the receiver hears its tokens.
+fn job(
+    st: &AppState,
+    req: GenRequest,
+    stop: Vec<String>,
+    accepted: Instant,
+) -> (Job, UnboundedReceiver<JobEvent>) {
+    let (tx, rx) = unbounded_channel();
+    (
+        Job {
+            req,
+            stop,
+            accepted,
+            deadline: accepted + st.cfg.request_timeout,
+            events: tx,
+        },
+        rx,
+    )
+}
+
+fn gen_request(
+    st: &AppState,
+    prompt_ids: Vec<u32>,
+    images: Vec<ndarray::Array4<f32>>,
+    params: SamplingParams,
+    max_new_tokens: usize,
+) -> GenRequest {
+    GenRequest {
+        prompt_ids,
+        images,
+        params,
+        max_new_tokens,
+        stop_ids: st.cfg.stop_ids.clone(),
+        ignore_eos: false,
+        logprobs: false,
+        top_logprobs: 0,
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(st): St,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let accepted = Instant::now();
+    let body = body.map_err(|e| body_error(e.status(), &st, e.body_text()))?;
+    let p = openai::parse_chat(&body)?;
+    drop(body);
+    st.ready()?;
+    if let Some(m) = &p.model {
+        if m != &st.cfg.model_name {
+            return Err(ApiError::NotFound(format!(
+                "model {m:?} does not exist; this server serves {:?}",
+                st.cfg.model_name
+            )));
+        }
+    }
+    if p.images.len() > st.cfg.max_images {
+        return Err(ApiError::bad(
+            "messages",
+            format!(
+                "{} images, more than the limit of {} per request (max_images_per_request)",
+                p.images.len(),
+                st.cfg.max_images
+            ),
+        ));
+    }
+    let o = Overrides::of(&p);
+    let max_tokens = o.max_tokens(&st)?;
+    let params = o.sampling(&st.cfg.defaults)?;
+    let raw = images::resolve(
+        p.images.clone(),
+        st.cfg.allow_remote_images,
+        st.cfg.max_body_bytes,
+    )
+    .await?;
+    let st2 = st.clone();
+    let messages = p.messages.clone();
+    let (prompt_ids, pixels) = tokio::task::spawn_blocking(move || {
+        let mut pixels = Vec::with_capacity(raw.len());
+        let mut counts = Vec::with_capacity(raw.len());
+        for (bytes, param) in &raw {
+            let pre = images::prepare_image(bytes, param, st2.cfg.max_pixels, &st2.pre)?;
+            counts.push(pre.num_image_tokens);
+            pixels.push(pre.pixel_values);
+        }
+        let ids = st2
+            .prompter
+            .encode_messages(&messages, &counts)
+            .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        Ok::<_, ApiError>((ids, pixels))
+    })
+    .await
+    .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))??;
+    let prompt_tokens = prompt_ids.len();
+    check_length(&st, prompt_tokens, max_tokens)?;
+    let mut req = gen_request(&st, prompt_ids, pixels, params, max_tokens);
+    req.logprobs = p.logprobs;
+    req.top_logprobs = p.top_logprobs;
+    req.ignore_eos = p.ignore_eos;
+    let (job, rx) = job(&st, req, p.stop.clone(), accepted);
+    st.shared.submit(job)?;
+    let id = new_id("chatcmpl");
+    let created = now_secs();
+    if p.stream {
+        return Ok(sse(
+            rx,
+            id,
+            created,
+            st.cfg.model_name.clone(),
+            prompt_tokens,
+            p.logprobs,
+        )
+        .into_response());
+    }
+    let c = collect(rx).await?;
+    let usage = openai::usage(prompt_tokens, c.completion_tokens);
+    Ok(Json(openai::completion(
+        &id,
+        created,
+        &st.cfg.model_name,
+        &c.text,
+        c.finish_reason,
+        c.stop_reason.as_deref(),
+        p.logprobs.then_some(c.logprobs),
+        usage,
+    ))
+    .into_response())
+}
+
+/// A finished job's output.
+struct Collected {
+    text: String,
+    logprobs: Vec<Value>,
+    finish_reason: &'static str,
+    stop_reason: Option<String>,
+    completion_tokens: usize,
+}
+
+async fn collect(mut rx: UnboundedReceiver<JobEvent>) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            JobEvent::Delta {
+                text: t,
+                logprobs: l,
+            } => {
+                text.push_str(&t);
+                logprobs.extend(l);
+            }
+            JobEvent::Done {
+                finish_reason,
+                stop_reason,
+                completion_tokens,
+            } => {
+                return Ok(Collected {
+                    text,
+                    logprobs,
+                    finish_reason,
+                    stop_reason,
+                    completion_tokens,
+                })
+            }
+            JobEvent::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::Engine(
+        "the engine stopped before the request finished".into(),
+    ))
+}
+
+fn data(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+/// The SSE stream of a chat completion: a role chunk, content deltas, a finish chunk with
+/// usage, `[DONE]`; a failure becomes an `{"error": …}` event before `[DONE]`.
+fn sse(
+    rx: UnboundedReceiver<JobEvent>,
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: usize,
+    want_logprobs: bool,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let first = openai::chunk(
+        &id,
+        created,
+        &model,
+        json!({"role": "assistant", "content": ""}),
+        None,
+        None,
+        None,
+    );
+    let head = stream::iter(vec![Ok(data(&first))]);
+    let body = stream::unfold(Some(rx), move |rx| {
+        let (id, model) = (id.clone(), model.clone());
+        async move {
+            let mut rx = rx?;
+            let events = match rx.recv().await {
+                Some(JobEvent::Delta { text, logprobs }) => {
+                    let lp = want_logprobs.then_some(logprobs);
+                    let c = openai::chunk(
+                        &id,
+                        created,
+                        &model,
+                        json!({"content": text}),
+                        lp,
+                        None,
+                        None,
+                    );
+                    return Some((vec![Ok(data(&c))], Some(rx)));
+                }
+                Some(JobEvent::Done {
+                    finish_reason,
+                    completion_tokens,
+                    ..
+                }) => {
+                    let c = openai::chunk(
+                        &id,
+                        created,
+                        &model,
+                        json!({}),
+                        None,
+                        Some(finish_reason),
+                        Some(openai::usage(prompt_tokens, completion_tokens)),
+                    );
+                    vec![Ok(data(&c)), Ok(SseEvent::default().data("[DONE]"))]
+                }
+                Some(JobEvent::Failed(e)) => {
+                    vec![Ok(data(&e.body())), Ok(SseEvent::default().data("[DONE]"))]
+                }
+                None => {
+                    let e =
+                        ApiError::Engine("the engine stopped before the request finished".into());
+                    vec![Ok(data(&e.body())), Ok(SseEvent::default().data("[DONE]"))]
+                }
+            };
+            Some((events, None))
+        }
+    })
+    .flat_map(stream::iter);
+    Sse::new(head.chain(body))
+}
+
+/// Query of `/v1/ocr`.
+#[derive(Debug, serde::Deserialize, Default)]
+pub struct OcrQuery {
+    /// `markdown` (default) or `json`.
+    format: Option<String>,
+    /// Stream the markdown as it is generated (chunked `text/markdown`).
+    #[serde(default)]
+    stream: bool,
+}
+
+fn field_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ApiError> {
+    v.trim()
+        .parse()
+        .map_err(|_| ApiError::bad(name, format!("{name} must be a number, got {v:?}")))
+}
+
+/// `POST /v1/ocr`: multipart with a `file` (image or PDF) and optional `max_tokens`,
+/// `temperature`, `top_p`, `top_k`, `repetition_penalty`, `seed`, `prompt` fields.
+pub async fn ocr(
+    State(st): St,
+    Query(q): Query<OcrQuery>,
+    mp: Result<Multipart, MultipartRejection>,
+) -> Result<Response, ApiError> {
+    let accepted = Instant::now();
+    let mut mp = mp.map_err(|e| {
+        ApiError::invalid(format!(
+            "expected a multipart/form-data upload with a `file` field: {}",
+            e.body_text()
+        ))
+    })?;
+    let json_out = match q.format.as_deref() {
+        None | Some("markdown") | Some("md") => false,
+        Some("json") => true,
+        Some(other) => {
+            return Err(ApiError::bad(
+                "format",
+                format!("format must be markdown or json, got {other:?}"),
+            ))
+        }
+    };
+    let mut file: Option<(String, Bytes)> = None;
+    let mut o = Overrides {
+        max_tokens: None,
+        temperature: None,
+        top_p: None,
+        top_k: None,
+        repetition_penalty: None,
+        seed: None,
+    };
+    let mut prompt: Option<String> = None;
+    loop {
+        let field = match mp.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return Err(body_error(e.status(), &st, e.body_text())),
+        };
+        let name = field.name().unwrap_or("").to_string();
+        let fname = field.file_name().map(str::to_string);
+        let bytes = field
+            .bytes()
+            .await
+            .map_err(|e| body_error(e.status(), &st, e.body_text()))?;
+        let text = || String::from_utf8_lossy(&bytes).to_string();
+        match name.as_str() {
+            "file" => file = Some((fname.unwrap_or_else(|| "upload".into()), bytes.clone())),
+            "max_tokens" => o.max_tokens = Some(field_num(&name, &text())?),
+            "temperature" => o.temperature = Some(field_num(&name, &text())?),
+            "top_p" => o.top_p = Some(field_num(&name, &text())?),
+            "top_k" => o.top_k = Some(field_num(&name, &text())?),
+            "repetition_penalty" => o.repetition_penalty = Some(field_num(&name, &text())?),
+            "seed" => o.seed = Some(field_num(&name, &text())?),
+            "prompt" => prompt = Some(text()).filter(|t| !t.trim().is_empty()),
+            other => {
+                return Err(ApiError::bad(
+                    other,
+                    format!("unknown form field {other:?}"),
+                ))
+            }
+        }
+    }
+    let (name, bytes) =
+        file.ok_or_else(|| ApiError::bad("file", "missing the `file` field (an image or PDF)"))?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad(
+            "file",
+            format!("{name}: the upload is empty"),
+        ));
+    }
+    st.ready()?;
+    let max_tokens = o.max_tokens(&st)?;
+    let params = o.sampling(&st.cfg.defaults)?;
+    let st2 = st.clone();
+    let pages = tokio::task::spawn_blocking(move || {
+        let pages = images::document_pages(&bytes, &name, st2.cfg.max_pixels, st2.cfg.max_images)?;
+        let mut out = Vec::with_capacity(pages.len());
+        for img in pages {
+            let pre = crate::preprocess::preprocess(&img, &st2.pre);
+            let ids = st2
+                .prompter
+                .encode(&[pre.num_image_tokens], prompt.as_deref())
+                .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+            out.push((ids, pre.pixel_values));
+        }
+        Ok::<_, ApiError>(out)
+    })
+    .await
+    .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))??;
+    let mut jobs = Vec::with_capacity(pages.len());
+    let mut rxs = Vec::with_capacity(pages.len());
+    let mut prompt_tokens = 0;
+    for (ids, px) in pages {
+        check_length(&st, ids.len(), max_tokens)?;
+        prompt_tokens += ids.len();
+        let mut params = params.clone();
+        // Pages of one upload get distinct but reproducible seeds.
+        if let Some(s) = params.seed.as_mut() {
+            *s = s.wrapping_add(rxs.len() as u64);
+        }
+        let (j, rx) = job(
+            &st,
+            gen_request(&st, ids, vec![px], params, max_tokens),
+            vec![],
+            accepted,
+        );
+        jobs.push(j);
+        rxs.push(rx);
+    }
+    st.shared.submit_all(jobs)?;
+    if q.stream {
+        let s = stream::iter(rxs.into_iter().enumerate())
+            .then(|(i, rx)| async move {
+                let sep = if i > 0 {
+                    Some(Ok::<_, Infallible>(Bytes::from_static(
+                        PAGE_BREAK.as_bytes(),
+                    )))
+                } else {
+                    None
+                };
+                let page = stream::unfold(Some(rx), |rx| async move {
+                    let mut rx = rx?;
+                    match rx.recv().await {
+                        Some(JobEvent::Delta { text, .. }) => {
+                            Some((Ok(Bytes::from(text)), Some(rx)))
+                        }
+                        Some(JobEvent::Failed(e)) => {
+                            Some((Ok(Bytes::from(format!("\n\n[error: {e}]\n"))), None))
+                        }
+                        Some(JobEvent::Done { .. }) | None => None,
+                    }
+                });
+                stream::iter(sep).chain(page)
+            })
+            .flatten();
+        return Ok((
+            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+            Body::from_stream(s),
+        )
+            .into_response());
+    }
+    let mut texts = Vec::with_capacity(rxs.len());
+    let mut pages_json = Vec::with_capacity(rxs.len());
+    let mut completion = 0;
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let c = collect(rx).await?;
+        completion += c.completion_tokens;
+        pages_json.push(json!({"page": i + 1, "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
+        texts.push(c.text);
+    }
+    let text = texts.join(PAGE_BREAK);
+    if json_out {
+        return Ok(Json(json!({
+            "model": st.cfg.model_name,
+            "text": text,
+            "pages": pages_json,
+            "usage": openai::usage(prompt_tokens, completion),
+        }))
+        .into_response());
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+        format!("{text}\n"),
+    )
+        .into_response())
+}

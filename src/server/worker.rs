@@ -1,0 +1,410 @@
+//! The engine thread: a bounded queue of [`Job`]s feeding the continuous-batching
+//! [`Engine`], and per-request text assembly (incremental UTF-8 detokenisation, stop
+//! strings, log-probabilities) sent back to the HTTP handlers over channels.
+//!
+//! The model is loaded on this thread (ONNX Runtime sessions never cross threads). A job
+//! whose client went away (its receiver dropped) is dropped from the queue, or cancelled at
+//! the next step when it is already decoding; a job past its deadline gets a timeout.
+
+use super::error::ApiError;
+use super::metrics::Metrics;
+use crate::backend::Backend;
+use crate::engine::{Batch, Engine, Event, Flow, GenRequest};
+use crate::generate::FinishReason;
+use crate::prompt::{Prompter, StreamDecoder};
+use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// One request for the engine.
+pub struct Job {
+    pub req: GenRequest,
+    /// Stop strings: generation ends before the first one the text contains.
+    pub stop: Vec<String>,
+    /// When the request was accepted (for time-to-first-token).
+    pub accepted: Instant,
+    pub deadline: Instant,
+    /// Where the request's [`JobEvent`]s go; dropping the receiver cancels the job.
+    pub events: UnboundedSender<JobEvent>,
+}
+
+/// What a handler hears about its job.
+#[derive(Debug)]
+pub enum JobEvent {
+    /// More text (possibly empty while a multi-byte character is incomplete) and the
+    /// OpenAI `logprobs.content` entries of the tokens behind it.
+    Delta { text: String, logprobs: Vec<Value> },
+    /// The job finished.
+    Done {
+        finish_reason: &'static str,
+        /// The stop string that ended it, or why it was cut short (`repetition`).
+        stop_reason: Option<String>,
+        completion_tokens: usize,
+    },
+    /// The job failed.
+    Failed(ApiError),
+}
+
+/// Lifecycle of the model, as `/health` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ModelState {
+    Loading = 0,
+    Ready = 1,
+    Failed = 2,
+}
+
+/// State shared between the engine thread and the handlers.
+pub struct Shared {
+    state: AtomicU8,
+    /// Why loading failed.
+    pub load_error: Mutex<Option<String>>,
+    queue: Mutex<VecDeque<Job>>,
+    wake: Condvar,
+    /// Jobs the queue may hold.
+    pub queue_size: usize,
+    /// Requests in the decode batch.
+    pub batch_size: AtomicUsize,
+    /// Jobs admitted since start.
+    pub admitted: AtomicU64,
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    /// An empty queue holding at most `queue_size` waiting jobs.
+    pub fn new(queue_size: usize) -> Shared {
+        Shared {
+            state: AtomicU8::new(ModelState::Loading as u8),
+            load_error: Mutex::new(None),
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            queue_size,
+            batch_size: AtomicUsize::new(0),
+            admitted: AtomicU64::new(0),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// The model's state.
+    pub fn state(&self) -> ModelState {
+        match self.state.load(Ordering::Acquire) {
+            1 => ModelState::Ready,
+            2 => ModelState::Failed,
+            _ => ModelState::Loading,
+        }
+    }
+
+    fn set_state(&self, s: ModelState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// Jobs waiting for a batch slot.
+    pub fn queue_depth(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Queues `job`, or refuses it (429) when `queue_size` jobs already wait.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= self.queue_size {
+            return Err(ApiError::QueueFull { queued: q.len() });
+        }
+        q.push_back(job);
+        drop(q);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Queues several jobs (the pages of one document) all or none. A document with more
+    /// pages than `queue_size` is taken only when the queue is empty.
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() + jobs.len() > self.queue_size && !q.is_empty() {
+            return Err(ApiError::QueueFull { queued: q.len() });
+        }
+        q.extend(jobs);
+        drop(q);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Next job: waits up to `wait` when `block`, else returns at once. Jobs whose client
+    /// is gone are dropped; jobs past their deadline are failed.
+    fn next_job(&self, block: bool, wait: Duration) -> Option<Job> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            while let Some(job) = q.pop_front() {
+                if job.events.is_closed() {
+                    continue;
+                }
+                if Instant::now() > job.deadline {
+                    let secs = job
+                        .deadline
+                        .saturating_duration_since(job.accepted)
+                        .as_secs();
+                    let _ = job
+                        .events
+                        .send(JobEvent::Failed(ApiError::Timeout { secs }));
+                    continue;
+                }
+                return Some(job);
+            }
+            if !block {
+                return None;
+            }
+            let (g, t) = self
+                .wake
+                .wait_timeout(q, wait)
+                .unwrap_or_else(|e| e.into_inner());
+            q = g;
+            if t.timed_out() && q.is_empty() {
+                return None;
+            }
+        }
+    }
+
+    /// Drops queued jobs whose clients are gone (frees their queue slots).
+    fn prune(&self) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.retain(|j| !j.events.is_closed());
+    }
+}
+
+/// Text assembly of one running job.
+struct Running {
+    events: UnboundedSender<JobEvent>,
+    decoder: StreamDecoder,
+    text: String,
+    /// Bytes of `text` already sent.
+    sent: usize,
+    stop: Vec<String>,
+    stop_hit: Option<String>,
+    want_logprobs: bool,
+    pending_logprobs: Vec<Value>,
+    accepted: Instant,
+    last_token: Option<Instant>,
+    deadline: Instant,
+    tokens: usize,
+}
+
+impl Running {
+    /// Longest suffix of `text` that could still grow into a stop string.
+    fn held_back(&self) -> usize {
+        let mut held = 0;
+        for s in &self.stop {
+            for k in (1..s.len()).rev() {
+                if k > held && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                    held = k;
+                    break;
+                }
+            }
+        }
+        held
+    }
+
+    /// Appends a decoded piece; returns true when a stop string matched.
+    fn push_text(&mut self, piece: &str) -> bool {
+        let from = self
+            .text
+            .len()
+            .saturating_sub(self.stop.iter().map(String::len).max().unwrap_or(0));
+        self.text.push_str(piece);
+        let mut hit: Option<(usize, &String)> = None;
+        for s in &self.stop {
+            let start = (from..=self.text.len())
+                .find(|i| self.text.is_char_boundary(*i))
+                .unwrap_or(self.text.len());
+            if let Some(p) = self.text[start..].find(s.as_str()) {
+                let at = start + p;
+                if hit.is_none_or(|(h, _)| at < h) {
+                    hit = Some((at, s));
+                }
+            }
+        }
+        if let Some((at, s)) = hit {
+            self.stop_hit = Some(s.clone());
+            self.text.truncate(at.max(self.sent));
+            return true;
+        }
+        false
+    }
+
+    /// Sends what is safe to send (all of it when `final_`).
+    fn flush(&mut self, final_: bool) -> bool {
+        let end = if final_ {
+            self.text.len()
+        } else {
+            self.text.len() - self.held_back()
+        };
+        if end <= self.sent && self.pending_logprobs.is_empty() {
+            return true;
+        }
+        let text = self.text[self.sent..end.max(self.sent)].to_string();
+        self.sent = end.max(self.sent);
+        let logprobs = std::mem::take(&mut self.pending_logprobs);
+        self.events.send(JobEvent::Delta { text, logprobs }).is_ok()
+    }
+}
+
+/// How the engine thread runs: the loaded engine, the prompter for detokenisation.
+pub fn run_worker<B: Backend>(mut engine: Engine<B>, prompter: Arc<Prompter>, shared: Arc<Shared>) {
+    shared.set_state(ModelState::Ready);
+    let mut batch: Batch<B::Cache> = Batch::new();
+    let mut running: HashMap<usize, Running> = HashMap::new();
+    let mut next_index = 0usize;
+    let name = |id: u32| prompter.decode(&[id], false).unwrap_or_default();
+    loop {
+        while engine.has_room(&batch) {
+            let idle = batch.is_empty();
+            let Some(job) = shared.next_job(idle, Duration::from_millis(200)) else {
+                break;
+            };
+            let index = next_index;
+            next_index += 1;
+            shared.admitted.fetch_add(1, Ordering::Relaxed);
+            shared
+                .metrics
+                .prompt_tokens
+                .fetch_add(job.req.prompt_ids.len() as u64, Ordering::Relaxed);
+            running.insert(
+                index,
+                Running {
+                    events: job.events,
+                    decoder: prompter.stream_decoder(true),
+                    text: String::new(),
+                    sent: 0,
+                    stop: job.stop,
+                    stop_hit: None,
+                    want_logprobs: job.req.logprobs,
+                    pending_logprobs: Vec::new(),
+                    accepted: job.accepted,
+                    last_token: None,
+                    deadline: job.deadline,
+                    tokens: 0,
+                },
+            );
+            engine.admit(&mut batch, index, job.req, &mut |ev| {
+                on_event(&mut running, &shared.metrics, &name, ev)
+            });
+            shared.batch_size.store(batch.len(), Ordering::Relaxed);
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let n = batch.len();
+        let t = Instant::now();
+        engine.step(&mut batch, &mut |ev| {
+            on_event(&mut running, &shared.metrics, &name, ev)
+        });
+        let secs = t.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            shared
+                .metrics
+                .step_tokens_per_s
+                .store((n as f64 / secs).to_bits(), Ordering::Relaxed);
+        }
+        shared.batch_size.store(batch.len(), Ordering::Relaxed);
+        shared.prune();
+    }
+}
+
+fn on_event(
+    running: &mut HashMap<usize, Running>,
+    metrics: &Metrics,
+    name: &dyn Fn(u32) -> String,
+    ev: Event,
+) -> Flow {
+    match ev {
+        Event::Token {
+            index,
+            id,
+            logprob,
+            top,
+        } => {
+            let Some(r) = running.get_mut(&index) else {
+                return Flow::Cancel;
+            };
+            let now = Instant::now();
+            match r.last_token {
+                None => metrics
+                    .time_to_first_token
+                    .observe((now - r.accepted).as_secs_f64()),
+                Some(t) => metrics.inter_token_latency.observe((now - t).as_secs_f64()),
+            }
+            r.last_token = Some(now);
+            r.tokens += 1;
+            metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if now > r.deadline {
+                let secs = r.deadline.saturating_duration_since(r.accepted).as_secs();
+                let _ = r.events.send(JobEvent::Failed(ApiError::Timeout { secs }));
+                return Flow::Cancel;
+            }
+            let piece = match r.decoder.push(id) {
+                Ok(p) => p.unwrap_or_default(),
+                Err(e) => {
+                    let _ = r
+                        .events
+                        .send(JobEvent::Failed(ApiError::Engine(e.to_string())));
+                    return Flow::Cancel;
+                }
+            };
+            if r.want_logprobs {
+                let lp = logprob.unwrap_or(f32::NAN);
+                r.pending_logprobs
+                    .push(super::openai::logprob_entry(&name(id), lp, top, name));
+            }
+            let stopped = r.push_text(&piece);
+            if !r.flush(false) {
+                return Flow::Cancel;
+            }
+            if stopped {
+                Flow::Finish
+            } else {
+                Flow::Continue
+            }
+        }
+        Event::Done { index, result } => {
+            let Some(mut r) = running.remove(&index) else {
+                return Flow::Continue;
+            };
+            metrics
+                .request_duration
+                .observe(r.accepted.elapsed().as_secs_f64());
+            match result {
+                Ok(g) => {
+                    if r.stop_hit.is_none() {
+                        if let Ok(Some(rest)) = r.decoder.finish() {
+                            r.push_text(&rest);
+                        }
+                    }
+                    r.flush(true);
+                    let (finish_reason, stop_reason) = match (g.finish_reason, &r.stop_hit) {
+                        (_, Some(s)) => ("stop", Some(s.clone())),
+                        (FinishReason::Stop, None) => ("stop", None),
+                        (FinishReason::Length, None) => ("length", None),
+                        (FinishReason::Repetition, None) => ("length", Some("repetition".into())),
+                    };
+                    let _ = r.events.send(JobEvent::Done {
+                        finish_reason,
+                        stop_reason,
+                        completion_tokens: g.token_ids.len(),
+                    });
+                }
+                Err(e) if e == "cancelled" => {}
+                Err(e) => {
+                    let _ = r.events.send(JobEvent::Failed(ApiError::Engine(e.clone())));
+                }
+            }
+            Flow::Continue
+        }
+    }
+}
+
+/// Marks the model as failed to load, with the reason `/health` reports.
+pub fn set_failed(shared: &Shared, why: String) {
+    *shared.load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+    shared.set_state(ModelState::Failed);
+}
