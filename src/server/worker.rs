@@ -408,3 +408,194 @@ pub fn set_failed(shared: &Shared, why: String) {
     *shared.load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     shared.set_state(ModelState::Failed);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::BackendError;
+    use ndarray::{Array2, Array4};
+    use tokio::sync::mpsc::error::TryRecvError;
+
+    /// Counts up from the last prompt id through the fixture tokenizer's digits ('0'..'9' are
+    /// ids 15..24), one forward per `delay`.
+    struct Slow {
+        delay: Duration,
+    }
+
+    impl Backend for Slow {
+        type Cache = u32;
+        fn hidden_size(&self) -> usize {
+            1
+        }
+        fn encode_image(&mut self, _: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+            unreachable!("text-only tests")
+        }
+        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
+                ids[i] as f32
+            }))
+        }
+        fn forward(
+            &mut self,
+            e: Array2<f32>,
+            _: Option<u32>,
+        ) -> Result<(Vec<f32>, u32), BackendError> {
+            std::thread::sleep(self.delay);
+            let last = e[[e.nrows() - 1, 0]] as u32;
+            let next = 15 + (last + 1 - 15) % 10;
+            let mut l = vec![0.0; 384];
+            l[next as usize] = 5.0;
+            Ok((l, next))
+        }
+    }
+
+    fn start(delay_ms: u64, batch: usize, queue: usize) -> Arc<Shared> {
+        let shared = Arc::new(Shared::new(queue));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-lightonocr/checkpoint");
+        let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
+        let s = shared.clone();
+        std::thread::spawn(move || {
+            let engine = Engine {
+                backend: Slow {
+                    delay: Duration::from_millis(delay_ms),
+                },
+                max_batch: batch,
+                image_token_id: 326,
+            };
+            run_worker(engine, prompter, s);
+        });
+        shared
+    }
+
+    fn job(
+        max: usize,
+        stop: &[&str],
+        timeout: Duration,
+    ) -> (Job, tokio::sync::mpsc::UnboundedReceiver<JobEvent>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let now = Instant::now();
+        (
+            Job {
+                req: GenRequest::text(vec![15], max),
+                stop: stop.iter().map(|s| s.to_string()).collect(),
+                accepted: now,
+                deadline: now + timeout,
+                events: tx,
+            },
+            rx,
+        )
+    }
+
+    /// Waits for the next event (blocking, with a bound).
+    fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<JobEvent>) -> JobEvent {
+        let t = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(e) => return e,
+                Err(TryRecvError::Empty) if t.elapsed() < Duration::from_secs(20) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => panic!("no event: {e:?}"),
+            }
+        }
+    }
+
+    fn text_of(rx: &mut tokio::sync::mpsc::UnboundedReceiver<JobEvent>) -> (String, JobEvent) {
+        let mut text = String::new();
+        loop {
+            match next(rx) {
+                JobEvent::Delta { text: t, .. } => text.push_str(&t),
+                other => return (text, other),
+            }
+        }
+    }
+
+    #[test]
+    fn text_streams_and_stop_strings_span_tokens() {
+        let shared = start(0, 2, 4);
+        let (j, mut rx) = job(12, &[], Duration::from_secs(30));
+        shared.submit(j).unwrap();
+        let (text, done) = text_of(&mut rx);
+        assert_eq!(text, "123456789012");
+        assert!(
+            matches!(
+                done,
+                JobEvent::Done {
+                    finish_reason: "length",
+                    completion_tokens: 12,
+                    ..
+                }
+            ),
+            "{done:?}"
+        );
+        // "67" spans two tokens; nothing of it is sent.
+        let (j, mut rx) = job(12, &["67", "9"], Duration::from_secs(30));
+        shared.submit(j).unwrap();
+        let (text, done) = text_of(&mut rx);
+        assert_eq!(text, "12345");
+        match done {
+            JobEvent::Done {
+                finish_reason,
+                stop_reason,
+                completion_tokens,
+            } => {
+                assert_eq!(
+                    (finish_reason, stop_reason.as_deref(), completion_tokens),
+                    ("stop", Some("67"), 7)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn deadline_fails_the_request_and_frees_the_slot() {
+        let shared = start(5, 1, 4);
+        let (j, mut rx) = job(10_000, &[], Duration::from_millis(60));
+        shared.submit(j).unwrap();
+        let (_, end) = text_of(&mut rx);
+        assert!(
+            matches!(end, JobEvent::Failed(ApiError::Timeout { .. })),
+            "{end:?}"
+        );
+        let (j, mut rx) = job(3, &[], Duration::from_secs(30));
+        shared.submit(j).unwrap();
+        assert_eq!(text_of(&mut rx).0, "123");
+    }
+
+    #[test]
+    fn a_client_that_goes_away_frees_its_slot_at_the_next_step() {
+        let shared = start(5, 1, 4);
+        let (j, mut rx) = job(100_000, &[], Duration::from_secs(600));
+        shared.submit(j).unwrap();
+        assert!(matches!(next(&mut rx), JobEvent::Delta { .. }));
+        // The only batch slot is taken; a second job waits in the queue.
+        let (j2, mut rx2) = job(2, &[], Duration::from_secs(30));
+        shared.submit(j2).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(matches!(rx2.try_recv(), Err(TryRecvError::Empty)));
+        drop(rx);
+        assert_eq!(text_of(&mut rx2).0, "12");
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_pruned_clients_free_queue_slots() {
+        let shared = start(20, 1, 1);
+        let (running, _keep) = job(100_000, &[], Duration::from_secs(600));
+        shared.submit(running).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let (waiting, rx_wait) = job(1, &[], Duration::from_secs(600));
+        shared.submit(waiting).unwrap();
+        let (refused, _r) = job(1, &[], Duration::from_secs(600));
+        assert!(matches!(
+            shared.submit(refused),
+            Err(ApiError::QueueFull { queued: 1 })
+        ));
+        drop(rx_wait);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(shared.queue_depth(), 0, "the abandoned job was pruned");
+        let (again, _r2) = job(1, &[], Duration::from_secs(600));
+        shared.submit(again).unwrap();
+    }
+}
