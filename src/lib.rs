@@ -3,7 +3,8 @@
 //! Stages, one module each: [`preprocess`] (resize and normalise exactly as the reference),
 //! [`prompt`] (chat template, tokenizer, image-token expansion), [`backend`] (the trait
 //! between generation and a runtime), [`ortmodel`] (ONNX Runtime sessions of an export),
-//! [`generate`] (greedy decoding), [`ortlib`] (finding `libonnxruntime`).
+//! [`generate`] (greedy decoding), [`ortlib`] (finding `libonnxruntime`),
+//! [`libsearch`] (where wheel libraries are looked for).
 //! The binary (`src/main.rs`) is a thin CLI over these modules.
 
 pub mod backend;
@@ -11,6 +12,7 @@ pub mod calibrate;
 pub mod engine;
 pub mod eval;
 pub mod generate;
+pub mod libsearch;
 pub mod ortlib;
 pub mod ortmodel;
 pub mod preprocess;
