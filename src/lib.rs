@@ -3,8 +3,8 @@
 //! Stages, one module each: [`preprocess`] (resize and normalise exactly as the reference),
 //! [`prompt`] (chat template, tokenizer, image-token expansion), [`backend`] (the trait
 //! between generation and a runtime), [`ortmodel`] (ONNX Runtime sessions of an export),
-//! [`generate`] (greedy decoding), [`ortlib`] (finding `libonnxruntime`),
-//! [`libsearch`] (where wheel libraries are looked for).
+//! [`generate`] (greedy decoding), [`ortlib`] (finding `libonnxruntime`), [`pdf`] (rendering
+//! PDF pages with pdfium), [`libsearch`] (where both libraries are looked for).
 //! The binary (`src/main.rs`) is a thin CLI over these modules.
 
 pub mod backend;
@@ -15,6 +15,7 @@ pub mod generate;
 pub mod libsearch;
 pub mod ortlib;
 pub mod ortmodel;
+pub mod pdf;
 pub mod preprocess;
 pub mod profile;
 pub mod prompt;
