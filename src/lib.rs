@@ -12,6 +12,7 @@ pub mod calibrate;
 pub mod engine;
 pub mod eval;
 pub mod generate;
+pub mod inputs;
 pub mod libsearch;
 pub mod ortlib;
 pub mod ortmodel;
