@@ -25,7 +25,9 @@ use pdfium::{with_loaded, with_pdfium, Handle};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-pub use pdfium::{candidate_dirs, find_library, PDFIUM_LIB_ENV, PYPDFIUM2_VERSION};
+pub use pdfium::{
+    candidate_dirs, find_library, library_version, PDFIUM_LIB_ENV, PYPDFIUM2_VERSION,
+};
 
 /// Rendering resolution in dots per inch (a PDF point is 1/72 inch).
 pub const PDF_DPI: f32 = 200.0;

@@ -120,6 +120,21 @@ pub fn find_library(explicit: Option<&Path>, name: &str) -> Result<PathBuf, PdfE
     })
 }
 
+/// pdfium's version as the pypdfium2 wheel records it (`version.json` next to the library:
+/// `major.minor.build.patch`), if it is there.
+pub fn library_version(lib: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(lib.parent()?.join("version.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let part = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    Some(format!(
+        "{}.{}.{}.{}",
+        part("major")?,
+        part("minor")?,
+        part("build")?,
+        part("patch")?
+    ))
+}
+
 fn load(path: &Path, name: &str) -> Result<Loaded, PdfError> {
     let err = |message: String| PdfError::LibraryLoad {
         name: name.to_string(),
