@@ -1,8 +1,9 @@
 //! `ocrctl doctor`: what this machine offers ocrctl.
 //!
 //! Reports the ONNX Runtime library found (path, version), which execution providers it was
-//! built with and which really start (a one-node model is loaded with each), the GPU(s)
-//! from `nvidia-smi`, the host memory, and which built-in profiles' memory targets fit.
+//! built with and which really start (a one-node model is loaded with each), the pdfium
+//! library for PDF input (optional: its absence does not fail the check), the GPU(s) from
+//! `nvidia-smi`, the host memory, and which built-in profiles' memory targets fit.
 
 use clap::Args;
 use ocrctl::ortlib;
@@ -90,6 +91,14 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
             };
             println!("provider       {:<9} {status}", p.name());
         }
+    }
+    match ocrctl::pdf::find_library(None, "PDF input") {
+        Ok(path) => println!(
+            "pdfium         {} (version {})",
+            path.display(),
+            ocrctl::pdf::library_version(&path).unwrap_or("unknown".into())
+        ),
+        Err(e) => println!("pdfium         NOT AVAILABLE (needed for PDFs only): {e}"),
     }
     let gpus = gpus();
     if gpus.is_empty() {

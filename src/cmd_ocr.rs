@@ -1,22 +1,30 @@
-//! `ocrctl ocr`: OCR image files and folders with an exported model.
+//! `ocrctl ocr`: OCR images and PDFs with an exported model.
 //!
-//! Requests run through the continuous-batching [`Engine`] (`--batch-size` at once). Prints
-//! the text per image, or with `--json` one JSON object per line (`text`, `token_ids`,
-//! per-step `top_logprobs`, …), in input order; `--out DIR` writes one markdown file per
-//! image instead, and `--resume` skips images whose file already exists. A bad image is
-//! reported and the others still run; the exit code is non-zero when any image failed.
+//! Inputs are files, folders and glob patterns ([`ocrctl::inputs`]); an image is a document
+//! of one page, a PDF a document of N pages rendered by pdfium ([`ocrctl::pdf`]). Documents
+//! are opened first (a PDF only to count its pages); pages are then rendered, preprocessed
+//! and submitted lazily as the continuous-batching [`Engine`] admits them (`--batch-size` at
+//! once), so memory does not grow with the input. Results are written in input order as they
+//! finish ([`crate::ocr_output`]): plain text, `--json` (one object per page), or `--out DIR`
+//! (one markdown file per document; `--resume` skips documents whose file exists). A bad
+//! file or page is reported by name and the rest still run; the exit code is non-zero when
+//! anything failed. A progress bar on stderr (not with `--quiet` or when stderr is not a
+//! terminal) counts pages; a summary line closes multi-page runs.
 
+use crate::ocr_output::{md_path, Mode, Output, PageResult};
 use anyhow::Context;
 use clap::Args;
 use ocrctl::engine::{Engine, Event, GenRequest};
+use ocrctl::inputs::{self, Document, PageLoader};
 use ocrctl::ortmodel::OrtModel;
 use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
 use ocrctl::sampling::{LoopGuard, SamplingParams};
 use serde_json::json;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
 
 /// Arguments of `ocrctl ocr`.
 #[derive(Args, Debug)]
@@ -56,19 +64,27 @@ pub struct OcrArgs {
     /// Keep generating after an end-of-sequence token (for benchmarks and parity checks).
     #[arg(long)]
     ignore_eos: bool,
-    /// Print one JSON object per image instead of plain text.
+    /// Print one JSON object per page (with `file` and 1-based `page`) instead of plain text.
     #[arg(long)]
     json: bool,
-    /// Write `<DIR>/<image stem>.md` per image instead of printing the text.
+    /// Write `<DIR>/<file stem>.md` per document (image or PDF) instead of printing the text.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// With --out: skip images whose markdown file already exists.
+    /// With --out: skip documents whose markdown file already exists.
     #[arg(long, requires = "out")]
     resume: bool,
     /// Refuse images with more pixels than this (checked from the header, before decoding).
     #[arg(long, default_value_t = preprocess::DEFAULT_MAX_PIXELS)]
     max_pixels: u64,
-    /// Image files or folders (PNG, JPEG, WebP, TIFF); folders are read non-recursively.
+    /// The pdfium library for PDF input (default: `$OCRCTL_PDFIUM_LIB`, else the pypdfium2
+    /// wheel in .venv or python3's site-packages).
+    #[arg(long)]
+    pdfium_lib: Option<PathBuf>,
+    /// Hide the progress bar (the closing summary line stays).
+    #[arg(long, short)]
+    quiet: bool,
+    /// Image files (PNG, JPEG, WebP, TIFF), PDFs, folders (read non-recursively) or quoted
+    /// glob patterns such as 'scans/*.pdf'.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
 }
@@ -92,31 +108,68 @@ fn stop_ids(dir: &Path, fallback: &[u32]) -> Vec<u32> {
         .unwrap_or_else(|| fallback.to_vec())
 }
 
-/// Expands folders into their image files (sorted); files are kept as given.
-fn expand_inputs(inputs: &[PathBuf]) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for p in inputs {
-        if p.is_dir() {
-            match ocrctl::calibrate::image_files(p) {
-                Ok(v) => out.extend(v),
-                Err(e) => eprintln!("error: {e}"),
+/// Expands the inputs and opens every document, reporting (and counting) those that fail.
+/// With `--out --resume`, documents whose markdown file exists are skipped (and counted).
+fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
+    let (mut docs, mut failed, mut skipped) = (Vec::new(), 0, 0);
+    let mut md_owner: HashMap<PathBuf, PathBuf> = HashMap::new();
+    for item in inputs::expand(&a.inputs) {
+        let path = match item {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed += 1;
+                continue;
             }
-        } else {
-            out.push(p.clone());
+        };
+        if let Some(dir) = &a.out {
+            let md = md_path(dir, &path);
+            if a.resume && md.exists() {
+                skipped += 1;
+                continue;
+            }
+            if let Some(other) = md_owner.get(&md) {
+                eprintln!(
+                    "error: {}: its output {} is already that of {}; rename one of them",
+                    path.display(),
+                    md.display(),
+                    other.display()
+                );
+                failed += 1;
+                continue;
+            }
+            md_owner.insert(md, path.clone());
+        }
+        match Document::open(&path, a.pdfium_lib.as_deref()) {
+            Ok(d) => docs.push(d),
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed += 1;
+            }
         }
     }
-    out
+    (docs, failed, skipped)
 }
 
-fn md_path(dir: &Path, image: &Path) -> PathBuf {
-    let stem = image
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "page".into());
-    dir.join(format!("{stem}.md"))
+/// `msg` as is when it names `name`'s file, else prefixed with `name`.
+fn named(name: &str, file: &Path, msg: String) -> String {
+    if msg.contains(&file.display().to_string()) {
+        msg
+    } else {
+        format!("{name}: {msg}")
+    }
 }
 
-/// Runs OCR over all inputs; returns failure if any image failed.
+/// Per-request facts kept for its output: unit (page number through the run), prompt length,
+/// preprocessed height and width, image tokens.
+struct Meta {
+    unit: usize,
+    prompt_tokens: usize,
+    size: [u32; 2],
+    image_tokens: usize,
+}
+
+/// Runs OCR over all inputs; returns failure if any input, document or page failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let params = SamplingParams {
         temperature: a.temperature,
@@ -149,6 +202,55 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
+    }
+    let (docs, open_failed, skipped) = open_documents(&a);
+    let total_pages: usize = docs.iter().map(Document::pages).sum();
+    let mode = match (&a.out, a.json) {
+        (Some(dir), _) => Mode::Markdown(dir.clone()),
+        (None, true) => Mode::Json,
+        (None, false) => Mode::Text,
+    };
+    let out = RefCell::new(Output::new(&docs, mode, a.quiet));
+    if total_pages > 0 {
+        run_pages(&a, &docs, &out, &params, batch_size, max_tokens, opts)?;
+    }
+    let out = out.into_inner();
+    let secs = out.close();
+    let failed = open_failed + out.failed_docs;
+    if a.out.is_some() || total_pages > 1 || a.inputs.len() > 1 || failed > 0 {
+        let skipped = if skipped > 0 {
+            format!(", {skipped} skipped (--resume)")
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "{} document(s), {total_pages} page(s), {failed} failed{skipped}, {} tokens in \
+             {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
+            docs.len() + open_failed,
+            out.tokens,
+            out.pages_ok as f64 / secs,
+            out.tokens as f64 / secs
+        );
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Loads the model and runs every page of `docs` through the engine, writing to `out`.
+fn run_pages(
+    a: &OcrArgs,
+    docs: &[Document],
+    out: &RefCell<Output>,
+    params: &SamplingParams,
+    batch_size: usize,
+    max_tokens: usize,
+    opts: ocrctl::ortmodel::LoadOptions,
+) -> anyhow::Result<()> {
     let model = OrtModel::load(&a.model, &opts)?;
     let cfg = model.manifest.model.clone();
     let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;
@@ -158,31 +260,31 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         cfg.spatial_merge_size as u32,
     )?;
     let stops = stop_ids(&a.model, &cfg.eos_token_ids);
-    if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
-    }
-    let mut files = expand_inputs(&a.inputs);
-    if a.resume {
-        let dir = a.out.as_ref().expect("clap: --resume requires --out");
-        files.retain(|f| !md_path(dir, f).exists());
-    }
-    let mut failed = 0usize;
-    // Preprocess lazily, as the engine admits requests; failures are reported here.
-    let mut meta: Vec<(PathBuf, usize, u32, u32, usize)> = Vec::new();
-    let mut prep_failed = Vec::new();
-    let requests = files.iter().filter_map(|path| {
-        let r = (|| -> anyhow::Result<GenRequest> {
-            let img = preprocess::load_image(path, a.max_pixels)?;
+    let meta: RefCell<Vec<Meta>> = RefCell::new(Vec::new());
+    let mut loader = PageLoader::new(a.pdfium_lib.clone(), a.max_pixels);
+    // Pages are loaded, preprocessed and encoded only when the engine admits them.
+    let units = docs
+        .iter()
+        .enumerate()
+        .flat_map(|(d, doc)| (0..doc.pages()).map(move |p| (d, p)))
+        .enumerate();
+    let requests = units.filter_map(|(unit, (d, page))| {
+        let doc = &docs[d];
+        let r = (|| -> anyhow::Result<(GenRequest, Meta)> {
+            let img = loader.load(doc, page)?;
+            if page + 1 == doc.pages() {
+                loader.close();
+            }
             let p = preprocess::preprocess(&img, &pre);
+            drop(img);
             let ids = prompter.encode(&[p.num_image_tokens], None)?;
-            meta.push((
-                path.clone(),
-                ids.len(),
-                p.height,
-                p.width,
-                p.num_image_tokens,
-            ));
-            Ok(GenRequest {
+            let m = Meta {
+                unit,
+                prompt_tokens: ids.len(),
+                size: [p.height, p.width],
+                image_tokens: p.num_image_tokens,
+            };
+            let req = GenRequest {
                 prompt_ids: ids,
                 images: vec![p.pixel_values],
                 params: params.clone(),
@@ -191,84 +293,67 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
                 ignore_eos: a.ignore_eos,
                 logprobs: false,
                 top_logprobs: a.top_logprobs,
-            })
+            };
+            Ok((req, m))
         })();
         match r {
-            Ok(req) => Some(req),
+            Ok((req, m)) => {
+                meta.borrow_mut().push(m);
+                Some(req)
+            }
             Err(e) => {
-                let msg = format!("{e:#}");
-                let name = path.display().to_string();
-                if msg.contains(&name) {
-                    eprintln!("error: {msg}");
-                } else {
-                    eprintln!("error: {name}: {msg}");
-                }
-                prep_failed.push(path.clone());
+                let mut o = out.borrow_mut();
+                let msg = named(&o.page_name(d, page), &doc.path, format!("{e:#}"));
+                o.finish(unit, Err(msg));
                 None
             }
         }
     });
-    let start = Instant::now();
     let mut engine = Engine {
         backend: model,
         max_batch: batch_size,
         image_token_id: cfg.image_token_id,
     };
-    let mut tokens = 0usize;
-    let results = engine.run(requests, &mut |ev| match ev {
-        Event::Token { .. } => tokens += 1,
-        Event::Done { .. } => {}
-    });
-    failed += prep_failed.len();
-    for ((path, prompt_tokens, h, w, n_img), r) in meta.iter().zip(results) {
-        match r {
-            Ok(g) => {
-                let text_ids: &[u32] = match g.token_ids.iter().position(|t| stops.contains(t)) {
-                    Some(i) if !a.ignore_eos => &g.token_ids[..i],
-                    _ => &g.token_ids,
-                };
-                let text = prompter.decode(text_ids, true)?;
-                if let Some(dir) = &a.out {
-                    let p = md_path(dir, path);
-                    let tmp = p.with_extension("md.partial");
-                    std::fs::write(&tmp, format!("{text}\n"))
-                        .with_context(|| tmp.display().to_string())?;
-                    std::fs::rename(&tmp, &p).with_context(|| p.display().to_string())?;
-                } else if a.json {
-                    let v = json!({
-                        "file": path.display().to_string(),
-                        "text": text,
-                        "token_ids": g.token_ids,
-                        "top_logprobs": g.top_logprobs,
-                        "finish_reason": g.finish_reason,
-                        "prompt_tokens": prompt_tokens,
-                        "image_tokens": n_img,
-                        "image_size": [h, w],
-                    });
-                    println!("{v}");
-                } else {
-                    println!("{text}");
+    let json = a.json && a.out.is_none();
+    engine.run(requests, &mut |ev| match ev {
+        Event::Token { .. } => out.borrow_mut().token(),
+        Event::Done { index, result } => {
+            let meta = meta.borrow();
+            let m = &meta[index];
+            let mut o = out.borrow_mut();
+            let (d, page) = o.locate(m.unit);
+            let name = o.page_name(d, page);
+            let r: PageResult = match result {
+                Ok(g) => {
+                    let text_ids: &[u32] = match g.token_ids.iter().position(|t| stops.contains(t))
+                    {
+                        Some(i) if !a.ignore_eos => &g.token_ids[..i],
+                        _ => &g.token_ids,
+                    };
+                    prompter
+                        .decode(text_ids, true)
+                        .map(|text| {
+                            let v = json.then(|| {
+                                json!({
+                                    "file": docs[d].path.display().to_string(),
+                                    "page": page + 1,
+                                    "text": text,
+                                    "token_ids": g.token_ids,
+                                    "top_logprobs": g.top_logprobs,
+                                    "finish_reason": g.finish_reason,
+                                    "prompt_tokens": m.prompt_tokens,
+                                    "image_tokens": m.image_tokens,
+                                    "image_size": m.size,
+                                })
+                            });
+                            (text, v)
+                        })
+                        .map_err(|e| format!("{name}: {e}"))
                 }
-            }
-            Err(e) => {
-                failed += 1;
-                eprintln!("error: {}: {e}", path.display());
-            }
+                Err(e) => Err(format!("{name}: {e}")),
+            };
+            o.finish(m.unit, r);
         }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    if a.out.is_some() || files.len() > 1 {
-        eprintln!(
-            "{} image(s), {} failed, {tokens} tokens in {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
-            files.len(),
-            failed,
-            meta.len() as f64 / secs,
-            tokens as f64 / secs
-        );
-    }
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    });
+    Ok(())
 }

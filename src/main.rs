@@ -14,6 +14,7 @@ mod cmd_export;
 mod cmd_ocr;
 mod cmd_profiles;
 mod cmd_serve;
+mod ocr_output;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -30,7 +31,7 @@ struct Cli {
 enum Command {
     /// Write a checkpoint as ONNX graphs (vision encoder, token embeddings, decoder).
     Export(cmd_export::ExportArgs),
-    /// OCR images with an exported model (greedy, batch 1, CPU).
+    /// OCR images and PDFs (files, folders, glob patterns) with an exported model.
     Ocr(cmd_ocr::OcrArgs),
     /// Compare a candidate export (e.g. int4) with a reference (e.g. fp32), teacher-forced.
     Eval(cmd_eval::EvalArgs),

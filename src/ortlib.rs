@@ -5,12 +5,14 @@
 //! 1. `--ort-lib PATH` / `OCRCTL_ORT_LIB` (explicit; must exist),
 //! 2. next to the `ocrctl` executable,
 //! 3. `.venv/lib/python3*/site-packages/onnxruntime/capi/` in the executable's directory or
-//!    any parent (what `scripts/setup.sh` creates), then `$VIRTUAL_ENV`,
+//!    any parent (what `scripts/setup.sh` creates), in the current directory or any parent,
+//!    then `$VIRTUAL_ENV` (see [`crate::libsearch`]),
 //! 4. the site-packages of `python3` on `PATH` (`import onnxruntime`), and common system
 //!    locations (`/usr/local/lib/python3*/…`, `/opt/ortgpu/onnxruntime/capi`).
 //!
 //! When nothing is found the error lists every place searched and the command that fixes it.
 
+use crate::libsearch::{self, site_packages_under};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -44,63 +46,23 @@ fn libs_in(dir: &Path) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
-fn site_packages_under(prefix: &Path) -> Vec<PathBuf> {
-    let lib = prefix.join("lib");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&lib)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("python3"))
-                })
-                .map(|p| p.join("site-packages/onnxruntime/capi"))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-fn python_site_dir() -> Option<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))",
-        ])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let s = String::from_utf8(out.stdout).ok()?;
-    Some(PathBuf::from(s.trim()).join("capi"))
-}
+/// Where the `onnxruntime` wheel keeps the library, under site-packages.
+const WHEEL_SUBDIR: &str = "onnxruntime/capi";
 
 /// Candidate directories in search order (explicit paths excluded).
 pub fn candidate_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        let exe = exe.canonicalize().unwrap_or(exe);
-        if let Some(d) = exe.parent() {
-            dirs.push(d.to_path_buf());
-            for anc in d.ancestors() {
-                dirs.extend(site_packages_under(&anc.join(".venv")));
-            }
-        }
-    }
-    if let Ok(cwd) = std::env::current_dir() {
-        dirs.extend(site_packages_under(&cwd.join(".venv")));
-    }
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        dirs.extend(site_packages_under(Path::new(&v)));
-    }
-    if let Some(d) = python_site_dir() {
+    if let Some(d) = libsearch::exe_dir() {
         dirs.push(d);
     }
-    dirs.extend(site_packages_under(Path::new("/usr/local")));
-    dirs.extend(site_packages_under(Path::new("/usr")));
+    for venv in libsearch::venv_prefixes() {
+        dirs.extend(site_packages_under(&venv, WHEEL_SUBDIR));
+    }
+    if let Some(d) = libsearch::python_package_dir("onnxruntime") {
+        dirs.push(d.join("capi"));
+    }
+    dirs.extend(site_packages_under(Path::new("/usr/local"), WHEEL_SUBDIR));
+    dirs.extend(site_packages_under(Path::new("/usr"), WHEEL_SUBDIR));
     dirs.push(PathBuf::from("/opt/ortgpu/onnxruntime/capi"));
     dirs
 }

@@ -255,3 +255,40 @@ fn a_missing_precision_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn a_missing_pdfium_library_is_named_with_the_fix() {
+    let model = exported();
+    let pdf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pdf/two_pages.pdf");
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--pdfium-lib",
+        "/nowhere/libpdfium.so",
+        pdf.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains(&pdf.display().to_string())
+            && e.contains("/nowhere/libpdfium.so")
+            && e.contains("scripts/setup.sh"),
+        "{e}"
+    );
+    // The same through the environment variable.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+        .args([
+            "ocr",
+            "--model",
+            model.to_str().unwrap(),
+            pdf.to_str().unwrap(),
+        ])
+        .env("OCRCTL_PDFIUM_LIB", "/nowhere/else/libpdfium.so")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("/nowhere/else/libpdfium.so") && e.contains("OCRCTL_PDFIUM_LIB"),
+        "{e}"
+    );
+}

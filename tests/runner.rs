@@ -215,6 +215,7 @@ fn doctor_reports_the_runtime_and_names_a_missing_library() {
         "{out}"
     );
     assert!(out.contains("cpu       available"), "{out}");
+    assert!(out.contains("pdfium") && out.contains("libpdfium"), "{out}");
     assert!(out.contains("profile        cpu"), "{out}");
     let o = ocrctl(&["doctor", "--ort-lib", "/nowhere/libonnxruntime.so.1.31.1"]);
     assert!(!o.status.success());

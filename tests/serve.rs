@@ -722,3 +722,77 @@ fn the_openai_python_client_gets_the_cli_answer() {
         }
     }
 }
+
+#[test]
+fn a_pdf_upload_reads_like_its_pages_and_bad_pdfs_are_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 2, 8, &[]);
+    let pdfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pdf");
+    let pdf = std::fs::read(pdfs.join("two_pages.pdf")).unwrap();
+    // Each page on its own, rendered through the library like the server does.
+    let pages = ocrctl::pdf::render_pdf(&pdf, "two_pages.pdf", None).unwrap();
+    assert_eq!(pages.len(), 2);
+    let mut want = Vec::new();
+    for (i, p) in pages.iter().enumerate() {
+        let mut png = Vec::new();
+        p.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+            .unwrap();
+        let (ct, mp) = multipart(
+            &[("max_tokens", "16"), ("temperature", "0")],
+            Some((&format!("p{i}.png"), &png)),
+        );
+        let r = request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        want.push(r.text().trim_end_matches('\n').to_string());
+    }
+    let (ct, mp) = multipart(
+        &[("max_tokens", "16"), ("temperature", "0")],
+        Some(("two_pages.pdf", &pdf)),
+    );
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/ocr?format=json",
+        &[("Content-Type", &ct)],
+        &mp,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["pages"][0]["text"], want[0]);
+    assert_eq!(v["pages"][1]["text"], want[1]);
+    assert_eq!(
+        v["text"],
+        format!(
+            "{}{}{}",
+            want[0],
+            ocrctl::inputs::page_separator(2),
+            want[1]
+        )
+    );
+    // Streamed: the same markdown.
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/ocr?stream=true",
+        &[("Content-Type", &ct)],
+        &mp,
+    )
+    .unwrap();
+    assert_eq!(r.text(), v["text"].as_str().unwrap());
+    for (file, needle) in [
+        ("encrypted.pdf", "encrypted"),
+        ("truncated.pdf", "truncated.pdf"),
+    ] {
+        let bytes = std::fs::read(pdfs.join(file)).unwrap();
+        let (ct, mp) = multipart(&[], Some((file, &bytes)));
+        let r = request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap();
+        assert_eq!(r.status, 400, "{file}: {}", r.text());
+        let e = r.json();
+        assert_eq!(e["error"]["param"], "file");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(needle),
+            "{e}"
+        );
+    }
+}

@@ -37,18 +37,28 @@ pub fn document_pages(
     max_pages: usize,
 ) -> Result<Vec<RgbImage>, ApiError> {
     if crate::pdf::is_pdf(bytes) {
-        let pages = crate::pdf::render_pdf(bytes, name, None)
-            .map_err(|e| ApiError::bad("file", e.to_string()))?;
-        if pages.len() > max_pages {
+        use crate::pdf::PdfError;
+        let pdf_error = |e: PdfError| match e {
+            // The server's set-up is at fault, not the upload.
+            PdfError::LibraryNotFound { .. }
+            | PdfError::LibraryMissing { .. }
+            | PdfError::LibraryLoad { .. } => ApiError::Unavailable(e.to_string()),
+            _ => ApiError::bad("file", e.to_string()),
+        };
+        let doc = crate::pdf::PdfDocument::open(bytes, name, None).map_err(pdf_error)?;
+        // Counted before anything is rendered.
+        if doc.page_count() > max_pages {
             return Err(ApiError::bad(
                 "file",
                 format!(
                     "{name}: {} pages, more than the limit of {max_pages} per request (max_images_per_request)",
-                    pages.len()
+                    doc.page_count()
                 ),
             ));
         }
-        return Ok(pages);
+        return (0..doc.page_count())
+            .map(|i| doc.render_page(i).map_err(pdf_error))
+            .collect();
     }
     let img = preprocess::decode_image_bytes(bytes, name, max_pixels)
         .map_err(|e| decode_error(e, "file"))?;

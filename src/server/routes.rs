@@ -8,6 +8,7 @@ use super::openai::{self, ChatParams};
 use super::worker::{Job, JobEvent, ModelState};
 use super::AppState;
 use crate::engine::GenRequest;
+use crate::inputs::page_separator;
 use crate::sampling::SamplingParams;
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
@@ -24,9 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-
-/// Marker written between the pages of a multi-page document's markdown.
-pub const PAGE_BREAK: &str = "\n\n---\n\n";
 
 type St = State<Arc<AppState>>;
 
@@ -580,13 +578,7 @@ pub async fn ocr(
     if q.stream {
         let s = stream::iter(rxs.into_iter().enumerate())
             .then(|(i, rx)| async move {
-                let sep = if i > 0 {
-                    Some(Ok::<_, Infallible>(Bytes::from_static(
-                        PAGE_BREAK.as_bytes(),
-                    )))
-                } else {
-                    None
-                };
+                let sep = (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(i + 1))));
                 let page = stream::unfold(Some(rx), |rx| async move {
                     let mut rx = rx?;
                     match rx.recv().await {
@@ -617,7 +609,13 @@ pub async fn ocr(
         pages_json.push(json!({"page": i + 1, "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
         texts.push(c.text);
     }
-    let text = texts.join(PAGE_BREAK);
+    let mut text = String::new();
+    for (i, t) in texts.iter().enumerate() {
+        if i > 0 {
+            text.push_str(&page_separator(i + 1));
+        }
+        text.push_str(t);
+    }
     if json_out {
         return Ok(Json(json!({
             "model": st.cfg.model_name,

@@ -1,0 +1,183 @@
+//! `ocrctl ocr` on PDFs, folders and glob patterns: a PDF page reads exactly like the image
+//! pdfium renders for it, bad files are named while the rest are written, pages are joined
+//! with the documented marker, `--resume` skips finished documents. Needs pdfium in .venv
+//! (`scripts/setup.sh`); without it these tests fail.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const MAX_TOKENS: &str = "16";
+
+fn pdf_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pdf")
+        .join(name)
+}
+
+/// `ocrctl ocr --model <fixture> --max-tokens 16 <args>`.
+fn ocr(args: &[&str]) -> std::process::Output {
+    let model = exported();
+    let mut all = vec![
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-tokens",
+        MAX_TOKENS,
+    ];
+    all.extend_from_slice(args);
+    ocrctl(&all)
+}
+
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The texts ocrctl reads from the PNG images of the PDF's pages, rendered here through the
+/// library API.
+fn texts_of_rendered_pages(pdf: &Path) -> Vec<String> {
+    let d = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(pdf).unwrap();
+    let pages = ocrctl::pdf::render_pdf(&bytes, "scan.pdf", None).expect("pdfium renders");
+    assert_eq!(pages.len(), 2);
+    for (i, p) in pages.iter().enumerate() {
+        p.save(d.path().join(format!("page{}.png", i + 1))).unwrap();
+    }
+    let o = ocr(&["--json", d.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json_lines(&o.stdout);
+    assert_eq!(v.len(), 2);
+    v.iter()
+        .map(|x| x["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_folder_of_pdfs_and_images_reads_pages_like_their_renders_and_names_bad_files() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("in");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(pdf_fixture("two_pages.pdf"), dir.join("scan.pdf")).unwrap();
+    std::fs::copy(pdf_fixture("encrypted.pdf"), dir.join("locked.pdf")).unwrap();
+    std::fs::copy(pdf_fixture("truncated.pdf"), dir.join("cut.pdf")).unwrap();
+    std::fs::copy(
+        fixture().join("images/aligned.png"),
+        dir.join("aligned.png"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("broken.png"), b"\x89PNG\r\n\x1a\nnot really").unwrap();
+
+    let want = texts_of_rendered_pages(&dir.join("scan.pdf"));
+    assert!(
+        want.iter().all(|t| !t.is_empty()) && want[0] != want[1],
+        "the two pages read as different, non-empty texts: {want:?}"
+    );
+
+    // --out: one markdown file per document, bad files named, exit code non-zero.
+    let md = d.path().join("md");
+    let o = ocr(&[
+        "--batch-size",
+        "2",
+        "--out",
+        md.to_str().unwrap(),
+        dir.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "failures give a non-zero exit: {err}");
+    for (file, cause) in [
+        ("locked.pdf", "encrypted"),
+        ("cut.pdf", "damaged"),
+        ("broken.png", "cannot decode"),
+    ] {
+        let path = dir.join(file).display().to_string();
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("error: ") && l.contains(&path) && l.contains(cause)),
+            "{file}: {cause}\n{err}"
+        );
+    }
+    let mut written: Vec<String> = std::fs::read_dir(&md)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert_eq!(written, ["aligned.md", "scan.md"]);
+    let scan = std::fs::read_to_string(md.join("scan.md")).unwrap();
+    assert_eq!(
+        scan,
+        format!("{}\n\n<!-- page 2 -->\n\n{}\n", want[0], want[1])
+    );
+
+    // --json: one object per page, numbered from 1, same texts.
+    let o = ocr(&["--json", dir.join("scan.pdf").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json_lines(&o.stdout);
+    assert_eq!(v.len(), 2);
+    for (i, x) in v.iter().enumerate() {
+        assert_eq!(x["page"], i + 1);
+        assert!(x["file"].as_str().unwrap().ends_with("scan.pdf"), "{x}");
+        assert_eq!(x["text"].as_str().unwrap(), want[i]);
+    }
+
+    // Plain text: the pages in order with the same marker.
+    let o = ocr(&[dir.join("scan.pdf").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), scan);
+
+    // --resume skips documents whose markdown exists and redoes the rest.
+    std::fs::write(md.join("scan.md"), "kept").unwrap();
+    std::fs::remove_file(md.join("aligned.md")).unwrap();
+    let o = ocr(&[
+        "--out",
+        md.to_str().unwrap(),
+        "--resume",
+        dir.join("scan.pdf").to_str().unwrap(),
+        dir.join("aligned.png").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(md.join("scan.md")).unwrap(), "kept");
+    assert!(
+        md.join("aligned.md").exists(),
+        "the missing document was redone"
+    );
+}
+
+#[test]
+fn glob_patterns_select_files_and_an_empty_match_is_an_error() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::copy(pdf_fixture("two_pages.pdf"), d.path().join("a.pdf")).unwrap();
+    std::fs::copy(pdf_fixture("two_pages.pdf"), d.path().join("b.PDF")).unwrap();
+    std::fs::copy(fixture().join("images/aligned.png"), d.path().join("c.png")).unwrap();
+    // Passed unexpanded (no shell), as a quoted pattern would be.
+    let pattern = d.path().join("[ab].*").display().to_string();
+    let o = ocr(&["--json", &pattern]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: Vec<(String, u64)> = json_lines(&o.stdout)
+        .iter()
+        .map(|x| {
+            let f = Path::new(x["file"].as_str().unwrap());
+            (
+                f.file_name().unwrap().to_string_lossy().into_owned(),
+                x["page"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want =
+        [("a.pdf", 1), ("a.pdf", 2), ("b.PDF", 1), ("b.PDF", 2)].map(|(f, p)| (f.to_string(), p));
+    assert_eq!(got, want);
+
+    let none = d.path().join("*.tiff").display().to_string();
+    let png = d.path().join("c.png");
+    let o = ocr(&["--json", &none, png.to_str().unwrap()]);
+    assert!(!o.status.success(), "an empty pattern fails the run");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&none) && err.contains("no image or PDF file"),
+        "{err}"
+    );
+    assert_eq!(json_lines(&o.stdout).len(), 1, "the other input still ran");
+}
