@@ -1,0 +1,466 @@
+//! [`OrtModel`]: an exported model directory run with ONNX Runtime.
+//!
+//! Loads `onnx/{vision_encoder,embed_tokens,decoder_model_merged}{suffix}.onnx` named by
+//! the export's `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return
+//! float16 tensors; conversion happens here so generation always sees float32.
+//!
+//! Submodules: `session` (sessions with provider fallback), `tensors` (value helpers),
+//! `kv` (per-sequence and padded batch KV caches, repacking), `binding` (decoder runs that
+//! keep the KV cache in the execution provider's memory with IoBinding, see [`KvPath`]).
+
+mod binding;
+mod kv;
+mod session;
+mod tensors;
+
+pub use binding::{KvPath, KvStats};
+pub use kv::OrtCache;
+
+use crate::backend::{Backend, BackendError};
+use crate::providers::{Provider, ProviderConfig};
+use binding::{Inputs, Placement};
+use half::f16;
+use kv::{BatchKv, KvDims, RowSrc};
+use ndarray::{Array2, Array4};
+use ocrctl_exporters::export::{Manifest, Precision};
+use ocrctl_exporters::graph::DType;
+use ort::session::{Session, SessionInputValue};
+use ort::value::DynTensor;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use tensors::{as_tensor, float_tensor, i64_tensor, read_f};
+
+/// Options for loading a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub precision: Precision,
+    /// Intra-op threads (0 = ONNX Runtime's default).
+    pub threads: usize,
+    /// Explicit ONNX Runtime library path.
+    pub ort_lib: Option<PathBuf>,
+    /// `session.qdq_matmulnbits_accuracy_level` for INT4 QDQ graphs on the CPU (0: float
+    /// compute, 4: int8 activations, ONNX Runtime's default).
+    pub accuracy_level: u8,
+    /// Execution providers to use, in order (default: CPU only).
+    pub providers: ProviderConfig,
+}
+
+impl LoadOptions {
+    /// CPU defaults for `precision`.
+    pub fn new(precision: Precision) -> LoadOptions {
+        LoadOptions {
+            precision,
+            threads: 0,
+            ort_lib: None,
+            accuracy_level: 4,
+            providers: ProviderConfig::default(),
+        }
+    }
+}
+
+/// Errors loading an export.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Manifest(#[from] ocrctl_exporters::ExportError),
+    #[error(transparent)]
+    OrtLib(#[from] crate::ortlib::OrtLibError),
+    #[error("{dir}: precision {precision} was not exported (available: {available})")]
+    NoPrecision {
+        dir: PathBuf,
+        precision: String,
+        available: String,
+    },
+    #[error("{path}: {message}")]
+    Session { path: PathBuf, message: String },
+}
+
+/// The three sessions of an export plus what generation needs to know about them.
+pub struct OrtModel {
+    pub manifest: Manifest,
+    pub dir: PathBuf,
+    act: DType,
+    vision: Session,
+    embed: Session,
+    decoder: Session,
+    /// The decoder session's main execution provider.
+    provider: Provider,
+    placement: Placement,
+    kv_path: KvPath,
+    stats: KvStats,
+    past_names: Vec<String>,
+    present_names: Vec<String>,
+    dims: KvDims,
+    hidden: usize,
+    tap: Option<Tap>,
+    batch: Option<BatchKv>,
+}
+
+/// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
+/// (after its optimisations and fusions) to `optimized`. Used to inspect fusions such as
+/// DequantizeLinear + MatMul → MatMulNBits.
+pub fn write_optimized_graph(
+    model: &Path,
+    optimized: &Path,
+    opts: &LoadOptions,
+) -> Result<(), LoadError> {
+    let (_, env) = crate::ortlib::environment(opts.ort_lib.as_deref())?;
+    session::build(&env, model, opts, Some(optimized)).map(|_| ())
+}
+
+/// `past_key_values.{i}.key|value` or `present.{i}.key|value` in layer order.
+fn kv_names(prefix: &str, layers: usize) -> Vec<String> {
+    (0..layers)
+        .flat_map(|i| ["key", "value"].map(|k| format!("{prefix}.{i}.{k}")))
+        .collect()
+}
+
+impl OrtModel {
+    /// Loads the export in `dir` with the given precision.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
+        let manifest = Manifest::load(dir)?;
+        let graphs =
+            manifest
+                .graphs
+                .get(&opts.precision)
+                .ok_or_else(|| LoadError::NoPrecision {
+                    dir: dir.to_path_buf(),
+                    precision: opts.precision.name().into(),
+                    available: manifest
+                        .precisions
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+        let (_, env) = crate::ortlib::environment(opts.ort_lib.as_deref())?;
+        match crate::providers::usable(&opts.providers) {
+            Ok((_, notes)) => notes.iter().for_each(|n| eprintln!("ocrctl: {n}")),
+            Err(e) => {
+                return Err(LoadError::Session {
+                    path: dir.to_path_buf(),
+                    message: e.to_string(),
+                })
+            }
+        }
+        let path_of = |part: &str| -> Result<PathBuf, LoadError> {
+            let g = graphs.get(part).ok_or_else(|| LoadError::Session {
+                path: dir.join(MANIFEST_NAME),
+                message: format!("manifest lists no `{part}` graph"),
+            })?;
+            Ok(dir.join("onnx").join(&g.file))
+        };
+        let t = &manifest.model.text;
+        let decoder_path = path_of("decoder_model_merged")?;
+        let vision = session::build(&env, &path_of("vision_encoder")?, opts, None)?.session;
+        let embed = session::build(&env, &path_of("embed_tokens")?, opts, None)?.session;
+        let decoder = session::build(&env, &decoder_path, opts, None)?;
+        let placement = Placement::for_provider(decoder.provider, opts.providers.device_id)
+            .map_err(|e| LoadError::Session {
+                path: decoder_path.clone(),
+                message: e.to_string(),
+            })?;
+        Ok(OrtModel {
+            act: opts.precision.dtype(),
+            vision,
+            embed,
+            decoder: decoder.session,
+            provider: decoder.provider,
+            placement,
+            kv_path: KvPath::Bound,
+            stats: KvStats::default(),
+            past_names: kv_names("past_key_values", t.num_layers),
+            present_names: kv_names("present", t.num_layers),
+            dims: KvDims {
+                kv_heads: t.num_kv_heads,
+                head_dim: t.head_dim,
+                tensors: 2 * t.num_layers,
+            },
+            hidden: t.hidden_size,
+            tap: None,
+            batch: None,
+            dir: dir.to_path_buf(),
+            manifest,
+        })
+    }
+
+    /// The execution provider the decoder session got (after any fallback).
+    pub fn decoder_provider(&self) -> Provider {
+        self.provider
+    }
+
+    /// How decoder runs move the KV cache (after any fallback).
+    pub fn kv_path(&self) -> KvPath {
+        self.kv_path
+    }
+
+    /// Chooses how later decoder runs move the KV cache. Caches made on either path stay
+    /// valid on the other.
+    pub fn set_kv_path(&mut self, path: KvPath) {
+        self.kv_path = path;
+    }
+
+    /// Counters of the decoder runs so far.
+    pub fn kv_stats(&self) -> &KvStats {
+        &self.stats
+    }
+}
+
+/// Receives calibration outputs: weight name, shape and values.
+pub type Tap = Box<dyn FnMut(&str, &[usize], &[f32]) + Send>;
+
+impl OrtModel {
+    /// Sends every `calib.*` output of later runs (calibration exports only) to `tap`.
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        self.tap = tap;
+    }
+}
+
+fn tap_outputs(
+    tap: &mut Option<Tap>,
+    out: &ort::session::SessionOutputs<'_>,
+    part: &str,
+) -> Result<(), BackendError> {
+    if let Some(tap) = tap.as_mut() {
+        for (name, v) in out.iter() {
+            if let Some(weight) = name.strip_prefix(ocrctl_exporters::layers::CALIB_PREFIX) {
+                let (shape, data) = read_f(&v, part)?;
+                tap(weight, &shape, &data);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Name of the manifest inside an export (re-exported for error messages).
+pub const MANIFEST_NAME: &str = ocrctl_exporters::export::MANIFEST;
+
+impl Backend for OrtModel {
+    type Cache = OrtCache;
+
+    fn hidden_size(&self) -> usize {
+        self.hidden
+    }
+
+    fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+        const PART: &str = "vision_encoder";
+        let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
+        let data: Vec<f32> = pixel_values.iter().copied().collect();
+        let input = float_tensor(self.act, shape, data, PART)?;
+        let mut out = self
+            .vision
+            .run(vec![(
+                Cow::from("pixel_values"),
+                SessionInputValue::from(input),
+            )])
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        tap_outputs(&mut self.tap, &out, PART)?;
+        let v = out
+            .remove("image_features")
+            .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
+        let (shape, data) = read_f(&v, PART)?;
+        Array2::from_shape_vec((shape[0], shape[1]), data)
+            .map_err(|e| BackendError::runtime(PART, e))
+    }
+
+    fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+        const PART: &str = "embed_tokens";
+        let v = self.embed_ids(vec![1, ids.len() as i64], ids)?;
+        let (shape, data) = read_f(&v, PART)?;
+        Array2::from_shape_vec((shape[1], shape[2]), data)
+            .map_err(|e| BackendError::runtime(PART, e))
+    }
+
+    fn forward(
+        &mut self,
+        embeds: Array2<f32>,
+        cache: Option<OrtCache>,
+    ) -> Result<(Vec<f32>, OrtCache), BackendError> {
+        const PART: &str = "decoder_model_merged";
+        let (s, d) = (embeds.nrows(), embeds.ncols());
+        let past = cache.as_ref().map_or(0, |c| c.len);
+        let data: Vec<f32> = embeds.into_iter().collect();
+        let embeds = float_tensor(self.act, vec![1, s as i64, d as i64], data, PART)?;
+        let kv = match cache {
+            Some(c) => self.own_kv(c)?,
+            None => {
+                let (kvh, hd) = (self.dims.kv_heads as i64, self.dims.head_dim as i64);
+                (0..self.dims.tensors)
+                    .map(|_| float_tensor(self.act, vec![1, kvh, 0, hd], Vec::new(), PART))
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        let inputs = self.decoder_inputs(embeds, vec![1; past + s], 1, vec![past], s, kv)?;
+        let (mut logits, kv) = self.run_decoder(inputs)?;
+        let last = logits.pop().expect("one row of logits");
+        Ok((last, OrtCache::own(kv, past + s)))
+    }
+
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<OrtCache>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
+        if tokens.len() == 1 && caches.len() == 1 {
+            // A batch of one needs no padding: feed its cache back as is. The batch cache,
+            // if any, held only sequences that are gone now: free it.
+            let c = caches.into_iter().next().expect("one cache");
+            let (id, len) = (c.id, c.len);
+            let kv = Some(self.own_kv(c)?);
+            self.batch = None;
+            let e = self.embed(tokens)?;
+            let (l, c) = self.forward(e, Some(OrtCache { id, kv, len }))?;
+            return Ok((vec![l], vec![c]));
+        }
+        match self.act {
+            DType::F16 => self.decode_batch_t::<f16>(tokens, caches),
+            _ => self.decode_batch_t::<f32>(tokens, caches),
+        }
+    }
+}
+
+impl OrtModel {
+    /// Embeddings of `ids` shaped `shape` (`[B, S]`) as a value of the graph's dtype.
+    fn embed_ids(&mut self, shape: Vec<i64>, ids: &[u32]) -> Result<DynTensor, BackendError> {
+        const PART: &str = "embed_tokens";
+        let ids = i64_tensor(shape, ids.iter().map(|t| *t as i64).collect(), PART)?;
+        let mut out = self
+            .embed
+            .run(vec![(Cow::from("input_ids"), SessionInputValue::from(ids))])
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        let v = out
+            .remove("inputs_embeds")
+            .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
+        as_tensor(v, PART)
+    }
+
+    /// The decoder's inputs for `b` rows of `s` new positions each: row `i` has `pasts[i]`
+    /// cached positions (right-aligned in a past of `mask.len() / b - s`), `mask` is the
+    /// `[b, p + s]` attention mask, and `past` the per-tensor past values.
+    fn decoder_inputs(
+        &self,
+        embeds: DynTensor,
+        mask: Vec<i64>,
+        b: usize,
+        pasts: Vec<usize>,
+        s: usize,
+        past: Vec<DynTensor>,
+    ) -> Result<Inputs, BackendError> {
+        const PART: &str = "decoder_model_merged";
+        let width = (mask.len() / b) as i64;
+        let pos: Vec<i64> = pasts
+            .iter()
+            .flat_map(|p| *p as i64..(p + s) as i64)
+            .collect();
+        let mut inputs: Inputs = Vec::with_capacity(4 + past.len());
+        inputs.push(("inputs_embeds".into(), embeds));
+        inputs.push((
+            "attention_mask".into(),
+            i64_tensor(vec![b as i64, width], mask, PART)?,
+        ));
+        inputs.push((
+            "position_ids".into(),
+            i64_tensor(vec![b as i64, s as i64], pos, PART)?,
+        ));
+        inputs.push((
+            "num_logits_to_keep".into(),
+            i64_tensor(vec![], vec![1], PART)?,
+        ));
+        inputs.extend(self.past_names.iter().cloned().zip(past));
+        Ok(inputs)
+    }
+
+    /// This sequence's own per-layer values, cut out of the batch cache if they live there.
+    fn own_kv(&mut self, c: OrtCache) -> Result<Vec<DynTensor>, BackendError> {
+        if let Some(kv) = c.kv {
+            return Ok(kv);
+        }
+        let batch = self.batch.as_ref();
+        let r = batch.and_then(|b| b.row(c.id)).ok_or_else(|| {
+            BackendError::Invalid(format!("KV cache of sequence {} is gone", c.id))
+        })?;
+        let rows = [(RowSrc::Batch(r), c.len)];
+        match self.act {
+            DType::F16 => kv::pack::<f16>(&rows, batch, c.len, self.dims, "decoder_model_merged"),
+            _ => kv::pack::<f32>(&rows, batch, c.len, self.dims, "decoder_model_merged"),
+        }
+    }
+
+    /// A padded batch step: each sequence's cache is left-padded to the longest one (masked
+    /// out through `attention_mask`) and positions continue each sequence's own count, so a
+    /// sequence's result does not depend on what else is in the batch. The padded presents
+    /// are kept as the next step's past while the batch stays the same (same sequences, same
+    /// order); caches are repacked (see [`kv`]) only when sequences join or leave.
+    fn decode_batch_t<T>(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<OrtCache>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError>
+    where
+        T: ort::value::PrimitiveTensorElementType + Copy + Default + std::fmt::Debug + 'static,
+    {
+        const PART: &str = "decoder_model_merged";
+        let b = tokens.len();
+        if b != caches.len() || b == 0 {
+            return Err(BackendError::Invalid(format!(
+                "decode_batch: {b} tokens for {} caches",
+                caches.len()
+            )));
+        }
+        let ids: Vec<u64> = caches.iter().map(|c| c.id).collect();
+        let lens: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let same_batch = self
+            .batch
+            .as_ref()
+            .is_some_and(|bk| bk.ids == ids && bk.lens == lens)
+            && caches.iter().all(|c| c.kv.is_none());
+        let old = self.batch.take();
+        let (p, past) = match old {
+            Some(bk) if same_batch => (bk.p, bk.kv),
+            old => {
+                let p = *lens.iter().max().expect("non-empty batch");
+                let mut rows = Vec::with_capacity(b);
+                for c in caches {
+                    let src = match c.kv {
+                        Some(kv) => RowSrc::Own(kv),
+                        None => RowSrc::Batch(old.as_ref().and_then(|o| o.row(c.id)).ok_or_else(
+                            || {
+                                BackendError::Invalid(format!(
+                                    "KV cache of sequence {} is gone",
+                                    c.id
+                                ))
+                            },
+                        )?),
+                    };
+                    rows.push((src, c.len));
+                }
+                self.stats.repacks += 1;
+                (p, kv::pack::<T>(&rows, old.as_ref(), p, self.dims, PART)?)
+            }
+        };
+        let embeds = self.embed_ids(vec![b as i64, 1], tokens)?;
+        let mut mask = vec![0i64; b * (p + 1)];
+        for (i, l) in lens.iter().enumerate() {
+            mask[i * (p + 1) + p - l..(i + 1) * (p + 1)].fill(1);
+        }
+        let inputs = self.decoder_inputs(embeds, mask, b, lens.clone(), 1, past)?;
+        let (logits, kv) = self.run_decoder(inputs)?;
+        let new_lens: Vec<usize> = lens.iter().map(|l| l + 1).collect();
+        let caches = ids
+            .iter()
+            .zip(&new_lens)
+            .map(|(id, l)| OrtCache {
+                id: *id,
+                kv: None,
+                len: *l,
+            })
+            .collect();
+        self.batch = Some(BatchKv {
+            ids,
+            lens: new_lens,
+            p: p + 1,
+            kv,
+        });
+        Ok((logits, caches))
+    }
+}

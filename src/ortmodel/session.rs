@@ -1,0 +1,90 @@
+//! Building one ONNX Runtime session with the configured execution providers.
+//!
+//! Providers are tried in the configured order; one that is compiled in but cannot start (no
+//! driver, no TensorRT libraries) is dropped with a message and the next one is tried, unless
+//! providers are strict. The provider that the session got is returned with it, so the
+//! decoder knows whose memory its KV cache can stay in.
+
+use super::{LoadError, LoadOptions};
+use crate::providers::Provider;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::Session;
+use std::path::Path;
+
+/// A session and its main provider: the first registered one (ONNX Runtime places every node
+/// that provider supports on it; the CPU provider, never registered explicitly, comes last).
+pub(super) struct Built {
+    pub session: Session,
+    pub provider: Provider,
+}
+
+/// Builds the session for `path`; `optimized` also writes the graph ONNX Runtime runs.
+pub(super) fn build(
+    env: &ort::environment::Environment,
+    path: &Path,
+    opts: &LoadOptions,
+    optimized: Option<&Path>,
+) -> Result<Built, LoadError> {
+    let part = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model")
+        .to_string();
+    let err = |message: String| LoadError::Session {
+        path: path.to_path_buf(),
+        message,
+    };
+    // Availability notes were printed once by `OrtModel::load`.
+    let (mut order, _) =
+        crate::providers::usable(&opts.providers).map_err(|e| err(e.to_string()))?;
+    loop {
+        let eps: Vec<_> = order
+            .iter()
+            .filter_map(|p| crate::providers::dispatch(*p, &opts.providers, &part))
+            .collect();
+        let build = || -> ort::Result<Session> {
+            let mut b = Session::builder(env)?
+                .with_optimization_level(GraphOptimizationLevel::All)?
+                .with_log_level(if eps.is_empty() {
+                    ort::logging::LogLevel::Error
+                } else {
+                    ort::logging::LogLevel::Warning
+                })?
+                .with_config_entry(
+                    "session.qdq_matmulnbits_accuracy_level",
+                    opts.accuracy_level.to_string(),
+                )?;
+            if opts.threads > 0 {
+                b = b.with_intra_threads(opts.threads)?;
+            }
+            if let Some(p) = optimized {
+                b = b.with_optimized_model_path(p)?;
+            }
+            if !eps.is_empty() {
+                b = b.with_execution_providers(&eps)?;
+            }
+            Ok(b.commit_from_file(path)?)
+        };
+        match build() {
+            Ok(session) => {
+                let provider = order
+                    .iter()
+                    .copied()
+                    .find(|p| p.is_gpu())
+                    .unwrap_or(Provider::Cpu);
+                return Ok(Built { session, provider });
+            }
+            // A GPU provider that is compiled in but cannot start (no driver, no TensorRT
+            // libraries): drop it and try the next one, unless strict.
+            Err(e) if !opts.providers.strict && order.len() > 1 && order[0] != Provider::Cpu => {
+                let failed = order.remove(0);
+                eprintln!(
+                    "ocrctl: {} execution provider failed for {part} ({e}); falling back to {}",
+                    failed.name(),
+                    order[0].name()
+                );
+            }
+            Err(e) => return Err(err(e.to_string())),
+        }
+    }
+}
