@@ -3,7 +3,9 @@
 //! For each page size: vision encoder ms, prefill ms (embeddings + image merge + decoder over
 //! the prompt), time to first token, and decode tokens/s over a fixed number of new tokens
 //! (end-of-sequence ignored: random weights never stop on their own). Medians over `--runs`
-//! repetitions after one warm-up, plus the process's peak resident memory.
+//! repetitions after one warm-up, plus the process's peak resident memory, and with a GPU
+//! provider the process's peak GPU memory from `nvidia-smi` (polled at phase ends, outside the
+//! timed spans; absent when nvidia-smi is not there) and where the decoder kept its KV cache.
 //!
 //! ```text
 //! ocrctl export --checkpoint dummy:lightonocr-2-1b --out out/dummy --precision fp32,int4
@@ -15,7 +17,7 @@ use clap::Args;
 use ocrctl::backend::Backend;
 use ocrctl::engine::{Engine, Event, GenRequest};
 use ocrctl::generate::merge_image_features;
-use ocrctl::ortmodel::OrtModel;
+use ocrctl::ortmodel::{KvPath, OrtModel};
 use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
 use ocrctl::sampling::SamplingParams;
@@ -23,6 +25,17 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
+
+use crate::gpu_mem::{GpuMonitor, GpuPeak};
+
+/// `--kv-path`: how decoder runs move the KV cache.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum KvPathArg {
+    /// Kept in the execution provider's memory (IoBinding).
+    Bound,
+    /// Copied to the host and back every step (`Session::run`), for comparison.
+    Host,
+}
 
 /// Arguments of `ocrctl bench`.
 #[derive(Args, Debug)]
@@ -44,9 +57,15 @@ pub struct BenchArgs {
     /// Batch sizes for the throughput sweep (continuous batching, pages of the first size).
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     batch_sizes: Vec<usize>,
+    /// Where the decoder keeps its KV cache between steps.
+    #[arg(long, value_enum, default_value = "bound")]
+    kv_path: KvPathArg,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
@@ -106,6 +125,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let mut model = OrtModel::load(&a.model, &opts)?;
     let load_s = t0.elapsed().as_secs_f64();
+    model.set_kv_path(match a.kv_path {
+        KvPathArg::Bound => KvPath::Bound,
+        KvPathArg::Host => KvPath::Host,
+    });
+    let mut gpu = GpuMonitor::new(
+        model.decoder_provider().is_gpu(),
+        opts.providers.device_id.max(0) as usize,
+    );
+    gpu.poll();
     let cfg = model.manifest.model.clone();
     let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;
     let pre = PreprocessConfig::from_model_dir(
@@ -113,21 +141,30 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         cfg.vision.patch_size as u32,
         cfg.spatial_merge_size as u32,
     )?;
+    let mut engine = Engine {
+        backend: model,
+        max_batch: 1,
+        image_token_id: cfg.image_token_id,
+    };
+    let model = &mut engine.backend;
     let mut rows = Vec::new();
     for s in &a.sizes {
         let (w, h) = parse_size(s)?;
         let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
         let ids = prompter.encode(&[p.num_image_tokens], None)?;
         let (mut vis, mut pf, mut dec) = (Vec::new(), Vec::new(), Vec::new());
+        let mut row_gpu = GpuPeak::default();
         for run in 0..=a.runs {
             let t = Instant::now();
             let feats = model.encode_image(&p.pixel_values)?;
             let v_ms = t.elapsed().as_secs_f64() * 1e3;
+            row_gpu.merge(&gpu.poll());
             let t = Instant::now();
             let mut e = model.embed(&ids)?;
             merge_image_features(&mut e, &ids, cfg.image_token_id, &feats)?;
             let (mut logits, mut cache) = model.forward(e, None)?;
             let p_ms = t.elapsed().as_secs_f64() * 1e3;
+            row_gpu.merge(&gpu.poll());
             let t = Instant::now();
             for _ in 0..a.new_tokens {
                 let next = ocrctl::generate::argmax_and_top_k(&logits, 0).0;
@@ -135,6 +172,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 (logits, cache) = model.forward(e, Some(cache))?;
             }
             let d_s = t.elapsed().as_secs_f64();
+            row_gpu.merge(&gpu.poll());
+            drop(cache);
             if run > 0 {
                 vis.push(v_ms);
                 pf.push(p_ms);
@@ -151,6 +190,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             "ttft_ms": v + pr,
             "decode_tokens_per_s": median(&mut dec),
             "runs": a.runs,
+            "gpu_process_mib": row_gpu.process_mib,
         }));
     }
     // Throughput: B identical pages through the engine at once, fixed new tokens each.
@@ -159,11 +199,6 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         let (w, h) = parse_size(first)?;
         let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
         let ids = prompter.encode(&[p.num_image_tokens], None)?;
-        let mut engine = Engine {
-            backend: model,
-            max_batch: 1,
-            image_token_id: cfg.image_token_id,
-        };
         for &b in &a.batch_sizes {
             engine.max_batch = b.max(1);
             let req = GenRequest {
@@ -195,6 +230,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 anyhow::bail!("batch {b}: {e}");
             }
             let dec_s = decode_start.map_or(f64::NAN, |d| d.elapsed().as_secs_f64());
+            let g = gpu.poll();
             sweep.push(json!({
                 "batch": b,
                 "size": format!("{}x{}", p.width, p.height),
@@ -202,6 +238,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 "pages_per_s": b as f64 / total,
                 "tokens_per_s": (b * a.new_tokens) as f64 / total,
                 "decode_tokens_per_s": decode_tokens as f64 / dec_s,
+                "gpu_process_mib": g.process_mib,
             }));
         }
     }
@@ -212,51 +249,104 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "threads": opts.threads,
         "load_s": load_s,
         "peak_rss_mib": peak_rss_mib(),
+        "provider": engine.backend.decoder_provider().name(),
+        "gpu_memory": gpu.total.json(),
+        "kv": kv_json(&engine.backend),
         "results": rows,
         "batch_sweep": sweep,
     });
+    if let Some(p) = &a.json_out {
+        std::fs::write(p, format!("{out:#}\n"))
+            .with_context(|| format!("--json-out {}", p.display()))?;
+    }
     if a.json {
         println!("{out}");
     } else {
-        println!(
-            "model {} ({}), load {:.1}s, peak RSS {:.0} MiB",
-            a.model.display(),
-            precision.name(),
-            load_s,
-            peak_rss_mib().unwrap_or(f64::NAN)
-        );
-        println!(
-            "{:>10} {:>7} {:>11} {:>11} {:>10} {:>12}",
-            "size", "tokens", "vision ms", "prefill ms", "TTFT ms", "decode tok/s"
-        );
-        for r in out["results"].as_array().into_iter().flatten() {
-            println!(
-                "{:>10} {:>7} {:>11.1} {:>11.1} {:>10.1} {:>12.2}",
-                r["size"].as_str().unwrap_or(""),
-                r["image_tokens"],
-                r["vision_ms"].as_f64().unwrap_or(f64::NAN),
-                r["prefill_ms"].as_f64().unwrap_or(f64::NAN),
-                r["ttft_ms"].as_f64().unwrap_or(f64::NAN),
-                r["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
-            );
-        }
-    }
-    if !a.json {
-        println!(
-            "{:>6} {:>10} {:>9} {:>9} {:>10} {:>16}",
-            "batch", "size", "seconds", "pages/s", "tokens/s", "decode tokens/s"
-        );
-        for r in out["batch_sweep"].as_array().into_iter().flatten() {
-            println!(
-                "{:>6} {:>10} {:>9.2} {:>9.3} {:>10.2} {:>16.2}",
-                r["batch"],
-                r["size"].as_str().unwrap_or(""),
-                r["seconds"].as_f64().unwrap_or(f64::NAN),
-                r["pages_per_s"].as_f64().unwrap_or(f64::NAN),
-                r["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
-                r["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
-            );
-        }
+        print_table(&out);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The decoder's KV path and counters (see [`ocrctl::ortmodel::KvStats`]).
+fn kv_json(model: &OrtModel) -> serde_json::Value {
+    let s = model.kv_stats();
+    json!({
+        "path": model.kv_path().name(),
+        "location": s.kv_location,
+        "bound_runs": s.bound_runs,
+        "host_runs": s.host_runs,
+        "repacks": s.repacks,
+        "fallback": s.fallback,
+    })
+}
+
+/// `1234` for a number, `-` for null.
+fn mib(v: &serde_json::Value) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.0}"))
+}
+
+/// The human-readable report of `ocrctl bench`'s JSON.
+fn print_table(out: &serde_json::Value) {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "model {} ({}, {}), load {:.1}s, peak RSS {:.0} MiB",
+        out["model"].as_str().unwrap_or(""),
+        out["precision"].as_str().unwrap_or(""),
+        out["provider"].as_str().unwrap_or(""),
+        f(&out["load_s"]),
+        f(&out["peak_rss_mib"]),
+    );
+    let g = &out["gpu_memory"];
+    if !g.is_null() {
+        println!(
+            "GPU memory: this process peak {} MiB, device used peak {} of {} MiB",
+            mib(&g["process_peak_mib"]),
+            mib(&g["used_peak_mib"]),
+            mib(&g["total_mib"]),
+        );
+    }
+    let kv = &out["kv"];
+    println!(
+        "KV cache: {} path, in {} memory ({} bound / {} host decoder runs, {} repacks){}",
+        kv["path"].as_str().unwrap_or(""),
+        kv["location"].as_str().unwrap_or("-"),
+        kv["bound_runs"],
+        kv["host_runs"],
+        kv["repacks"],
+        kv["fallback"]
+            .as_str()
+            .map_or(String::new(), |e| format!("; fell back to host: {e}")),
+    );
+    println!(
+        "{:>10} {:>7} {:>11} {:>11} {:>10} {:>12} {:>8}",
+        "size", "tokens", "vision ms", "prefill ms", "TTFT ms", "decode tok/s", "GPU MiB"
+    );
+    for r in out["results"].as_array().into_iter().flatten() {
+        println!(
+            "{:>10} {:>7} {:>11.1} {:>11.1} {:>10.1} {:>12.2} {:>8}",
+            r["size"].as_str().unwrap_or(""),
+            r["image_tokens"].to_string(),
+            f(&r["vision_ms"]),
+            f(&r["prefill_ms"]),
+            f(&r["ttft_ms"]),
+            f(&r["decode_tokens_per_s"]),
+            mib(&r["gpu_process_mib"]),
+        );
+    }
+    println!(
+        "{:>6} {:>10} {:>9} {:>9} {:>10} {:>16} {:>8}",
+        "batch", "size", "seconds", "pages/s", "tokens/s", "decode tokens/s", "GPU MiB"
+    );
+    for r in out["batch_sweep"].as_array().into_iter().flatten() {
+        println!(
+            "{:>6} {:>10} {:>9.2} {:>9.3} {:>10.2} {:>16.2} {:>8}",
+            r["batch"].to_string(),
+            r["size"].as_str().unwrap_or(""),
+            f(&r["seconds"]),
+            f(&r["pages_per_s"]),
+            f(&r["tokens_per_s"]),
+            f(&r["decode_tokens_per_s"]),
+            mib(&r["gpu_process_mib"]),
+        );
+    }
 }
