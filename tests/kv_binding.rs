@@ -1,13 +1,14 @@
 //! The decoder's KV cache kept in the execution provider's memory through IoBinding (CPU
-//! memory here) gives exactly the logits of the host path (`Session::run`), over batched
-//! greedy steps where sequences join and leave (repacks), shrink to one and grow again; and
-//! every sequence's logits equal those of running it alone.
+//! memory here), repacked by the repack graph, gives exactly the logits of the host path
+//! (`Session::run`, repacks on the host), over batched greedy steps where sequences join and
+//! leave, shrink to one and grow again; and every sequence's logits equal those of running it
+//! alone.
 
 mod common;
 use common::*;
 use ocrctl::backend::Backend;
 use ocrctl::generate::argmax_and_top_k;
-use ocrctl::ortmodel::{KvPath, LoadOptions, OrtCache, OrtModel};
+use ocrctl::ortmodel::{KvPath, KvStats, LoadOptions, OrtCache, OrtModel};
 use ocrctl_exporters::export::Precision;
 
 /// One sequence being decoded: its prompt, the tokens chosen so far, the logits seen at each
@@ -76,6 +77,11 @@ fn schedule(m: &mut OrtModel) -> Vec<Seq> {
     for _ in 0..3 {
         step(m, &mut s, &[3, 2]); // D joined a sequence with its own cache
     }
+    s.push(prefill(m, prompt(7, 4)));
+    s.push(prefill(m, prompt(2, 5)));
+    for _ in 0..2 {
+        step(m, &mut s, &[4, 2, 5, 3]); // E and F joined: three sources
+    }
     s
 }
 
@@ -96,19 +102,17 @@ fn bound_kv_cache_gives_the_host_paths_logits_through_joins_and_leaves() {
 
         let sb = bound.kv_stats().clone();
         assert_eq!(bound.kv_path(), KvPath::Bound, "no fallback: {sb:?}");
-        // 4 prefills and 13 steps; repacked when the first batch formed, C joined, B left
-        // and D joined.
-        assert_eq!(
-            (sb.bound_runs, sb.host_runs, sb.repacks),
-            (17, 0, 4),
-            "{sb:?}"
-        );
+        // 6 prefills and 15 steps; repacked when the first batch formed, C joined, B left,
+        // C went on alone (its rows cut out), D joined, E and F joined: on the bound path by
+        // the repack graph, on the host path on the host.
+        let runs = |s: &KvStats| (s.bound_runs, s.host_runs, s.repacks, s.device_repacks);
+        assert_eq!(runs(&sb), (21, 0, 6, 6), "{sb:?}");
         assert_eq!(sb.kv_location.as_deref(), Some("Cpu:0"));
-        let sh = host.kv_stats();
         assert_eq!(
-            (sh.bound_runs, sh.host_runs, sh.repacks),
-            (0, 17, 4),
-            "{sh:?}"
+            runs(host.kv_stats()),
+            (0, 21, 6, 0),
+            "{:?}",
+            host.kv_stats()
         );
 
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {

@@ -11,7 +11,10 @@
 //!
 //! If a bound run fails and the same run then succeeds through `Session::run`, binding is at
 //! fault (e.g. the device memory cannot be bound): one line is logged and the model stays on
-//! [`KvPath::Host`]. If both fail, the error is the model's and is returned as is.
+//! [`KvPath::Host`]. If both fail, the error is the model's and is returned as is. ONNX Runtime
+//! may also honour a binding silently elsewhere (outputs bound to a device no provider of the
+//! session has come back in host memory): that is logged once and shows in
+//! [`KvStats::kv_location`]; results are unaffected.
 
 use super::tensors::{as_tensor, location, read_f};
 use super::OrtModel;
@@ -52,8 +55,11 @@ pub struct KvStats {
     pub bound_runs: u64,
     /// Decoder runs through `Session::run`.
     pub host_runs: u64,
-    /// Padded batch caches rebuilt because sequences joined or left.
+    /// KV caches rebuilt because sequences joined or left a batch (or one sequence's rows
+    /// were cut out of the batch cache).
     pub repacks: u64,
+    /// Of those, the ones done in the decoder's memory by the repack graph.
+    pub device_repacks: u64,
     /// Where the last run's `present.*` values were, e.g. `Cuda:0` or `Cpu:0`.
     pub kv_location: Option<String>,
     /// Why the model fell back from [`KvPath::Bound`] to [`KvPath::Host`], if it did.
@@ -128,8 +134,30 @@ impl OrtModel {
         Ok(r)
     }
 
+    /// Logs (once) presents of a bound run that are not where they were bound.
+    fn check_placement(&mut self, r: &DecoderOut) {
+        let want = &self.placement.kv;
+        let want = format!("{}:{}", want.allocation_device().as_str(), want.device_id());
+        match r.1.first().map(location) {
+            Some(got) if got != want && !self.warned_placement => {
+                eprintln!(
+                    "ocrctl: the KV cache was bound to {want} memory but came back in {got} memory"
+                );
+                self.warned_placement = true;
+            }
+            _ => {}
+        }
+    }
+
     fn run_bound(&mut self, inputs: &Inputs) -> Result<DecoderOut, BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
+        #[cfg(test)]
+        if tests::FAIL_BINDING.get() {
+            return Err(BackendError::runtime(
+                PART,
+                "binding failure injected by a test",
+            ));
+        }
         let mut b = self.decoder.create_binding().map_err(rt)?;
         for (name, v) in inputs {
             b.bind_input(name.as_str(), v).map_err(rt)?;
@@ -141,7 +169,10 @@ impl OrtModel {
                 .map_err(rt)?;
         }
         let mut out = self.decoder.run_binding(&b).map_err(rt)?;
-        split_outputs(&mut out, &self.present_names)
+        let r = split_outputs(&mut out, &self.present_names)?;
+        drop(out);
+        self.check_placement(&r);
+        Ok(r)
     }
 
     fn run_plain(&mut self, inputs: &Inputs) -> Result<DecoderOut, BackendError> {
@@ -181,4 +212,14 @@ fn split_outputs(
         kv.push(as_tensor(v, PART)?);
     }
     Ok((logits, kv))
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Makes this thread's bound decoder runs fail (fallback tests).
+        pub static FAIL_BINDING: Cell<bool> = const { Cell::new(false) };
+    }
 }

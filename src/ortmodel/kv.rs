@@ -1,14 +1,15 @@
-//! The decoder's KV cache: per-sequence caches, the padded batch cache, and repacking.
+//! The decoder's KV cache: per-sequence caches, the padded batch cache, and host repacking.
 //!
 //! Values are `present.*` outputs of the last step and live wherever the decoder left them:
 //! in the execution provider's memory on the IoBinding path (GPU memory on CUDA/TensorRT), in
 //! host memory otherwise. A batch step reuses the padded batch cache as is while the batch
 //! is unchanged (same sequences, same order), so on a GPU the cache never leaves it between
-//! steps. When sequences join or leave, [`pack`] builds the new padded cache on the host: each
-//! source tensor is copied to host memory once (a no-op for host values), rows are cut and
-//! left-padded, and the result is bound as the next step's past, which ONNX Runtime uploads
-//! to the device; that step's presents are on the device again. Joins and leaves happen once
-//! per request while steps happen once per token, so the transfer is rare.
+//! steps. When sequences join or leave the cache is repacked: on the bound path by the repack
+//! graph in the decoder's memory (`super::repack`); on the host path, or if that graph is
+//! unavailable, by [`pack`] on the host: each source tensor is copied to host memory once (a
+//! no-op for host values), rows are cut and left-padded, and the result is bound as the next
+//! step's past, which ONNX Runtime uploads. Joins and leaves happen once per request while
+//! steps happen once per token, so even the host transfer is rare.
 
 use super::tensors::on_host;
 use crate::backend::BackendError;
@@ -16,6 +17,10 @@ use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The KV cache of one sequence: `present.*` values from the last step, and its length.
+///
+/// After a batch step the sequence's rows live in the model's padded batch cache; they stay
+/// valid until a `decode_batch` call leaves the sequence out (the batch cache then holds only
+/// that call's sequences).
 pub struct OrtCache {
     /// Unique per sequence step chain, to recognise the rows of the shared batch cache.
     pub(super) id: u64,

@@ -5,11 +5,15 @@
 //! float16 tensors; conversion happens here so generation always sees float32.
 //!
 //! Submodules: `session` (sessions with provider fallback), `tensors` (value helpers),
-//! `kv` (per-sequence and padded batch KV caches, repacking), `binding` (decoder runs that
-//! keep the KV cache in the execution provider's memory with IoBinding, see [`KvPath`]).
+//! `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack` (the same
+//! repacking in the execution provider's memory with a small ONNX graph), `batch` (decoder
+//! inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
+//! execution provider's memory with IoBinding, see [`KvPath`]).
 
+mod batch;
 mod binding;
 mod kv;
+mod repack;
 mod session;
 mod tensors;
 
@@ -18,14 +22,14 @@ pub use kv::OrtCache;
 
 use crate::backend::{Backend, BackendError};
 use crate::providers::{Provider, ProviderConfig};
-use binding::{Inputs, Placement};
-use half::f16;
-use kv::{BatchKv, KvDims, RowSrc};
+use binding::Placement;
+use kv::{BatchKv, KvDims};
 use ndarray::{Array2, Array4};
 use ocrctl_exporters::export::{Manifest, Precision};
 use ocrctl_exporters::graph::DType;
 use ort::session::{Session, SessionInputValue};
 use ort::value::DynTensor;
+use repack::Repacker;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use tensors::{as_tensor, float_tensor, i64_tensor, read_f};
@@ -86,8 +90,12 @@ pub struct OrtModel {
     /// The decoder session's main execution provider.
     provider: Provider,
     placement: Placement,
+    /// Repacks in the decoder's memory (`None` if its session could not be made or failed).
+    repacker: Option<Repacker>,
     kv_path: KvPath,
     stats: KvStats,
+    /// Whether presents were found outside the memory they were bound to (logged once).
+    warned_placement: bool,
     past_names: Vec<String>,
     present_names: Vec<String>,
     dims: KvDims,
@@ -160,15 +168,32 @@ impl OrtModel {
                 path: decoder_path.clone(),
                 message: e.to_string(),
             })?;
+        let act = opts.precision.dtype();
+        let repacker = match Repacker::new(
+            &env,
+            decoder.provider,
+            opts.providers.device_id,
+            act,
+            &placement.kv,
+            &decoder.session,
+        ) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("ocrctl: KV repack graph unavailable ({e}); batch caches are repacked through host memory");
+                None
+            }
+        };
         Ok(OrtModel {
-            act: opts.precision.dtype(),
+            act,
             vision,
             embed,
             decoder: decoder.session,
             provider: decoder.provider,
             placement,
+            repacker,
             kv_path: KvPath::Bound,
             stats: KvStats::default(),
+            warned_placement: false,
             past_names: kv_names("past_key_values", t.num_layers),
             present_names: kv_names("present", t.num_layers),
             dims: KvDims {
@@ -312,10 +337,7 @@ impl Backend for OrtModel {
             let (l, c) = self.forward(e, Some(OrtCache { id, kv, len }))?;
             return Ok((vec![l], vec![c]));
         }
-        match self.act {
-            DType::F16 => self.decode_batch_t::<f16>(tokens, caches),
-            _ => self.decode_batch_t::<f32>(tokens, caches),
-        }
+        self.decode_batch_padded(tokens, caches)
     }
 }
 
@@ -333,134 +355,7 @@ impl OrtModel {
             .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
         as_tensor(v, PART)
     }
-
-    /// The decoder's inputs for `b` rows of `s` new positions each: row `i` has `pasts[i]`
-    /// cached positions (right-aligned in a past of `mask.len() / b - s`), `mask` is the
-    /// `[b, p + s]` attention mask, and `past` the per-tensor past values.
-    fn decoder_inputs(
-        &self,
-        embeds: DynTensor,
-        mask: Vec<i64>,
-        b: usize,
-        pasts: Vec<usize>,
-        s: usize,
-        past: Vec<DynTensor>,
-    ) -> Result<Inputs, BackendError> {
-        const PART: &str = "decoder_model_merged";
-        let width = (mask.len() / b) as i64;
-        let pos: Vec<i64> = pasts
-            .iter()
-            .flat_map(|p| *p as i64..(p + s) as i64)
-            .collect();
-        let mut inputs: Inputs = Vec::with_capacity(4 + past.len());
-        inputs.push(("inputs_embeds".into(), embeds));
-        inputs.push((
-            "attention_mask".into(),
-            i64_tensor(vec![b as i64, width], mask, PART)?,
-        ));
-        inputs.push((
-            "position_ids".into(),
-            i64_tensor(vec![b as i64, s as i64], pos, PART)?,
-        ));
-        inputs.push((
-            "num_logits_to_keep".into(),
-            i64_tensor(vec![], vec![1], PART)?,
-        ));
-        inputs.extend(self.past_names.iter().cloned().zip(past));
-        Ok(inputs)
-    }
-
-    /// This sequence's own per-layer values, cut out of the batch cache if they live there.
-    fn own_kv(&mut self, c: OrtCache) -> Result<Vec<DynTensor>, BackendError> {
-        if let Some(kv) = c.kv {
-            return Ok(kv);
-        }
-        let batch = self.batch.as_ref();
-        let r = batch.and_then(|b| b.row(c.id)).ok_or_else(|| {
-            BackendError::Invalid(format!("KV cache of sequence {} is gone", c.id))
-        })?;
-        let rows = [(RowSrc::Batch(r), c.len)];
-        match self.act {
-            DType::F16 => kv::pack::<f16>(&rows, batch, c.len, self.dims, "decoder_model_merged"),
-            _ => kv::pack::<f32>(&rows, batch, c.len, self.dims, "decoder_model_merged"),
-        }
-    }
-
-    /// A padded batch step: each sequence's cache is left-padded to the longest one (masked
-    /// out through `attention_mask`) and positions continue each sequence's own count, so a
-    /// sequence's result does not depend on what else is in the batch. The padded presents
-    /// are kept as the next step's past while the batch stays the same (same sequences, same
-    /// order); caches are repacked (see [`kv`]) only when sequences join or leave.
-    fn decode_batch_t<T>(
-        &mut self,
-        tokens: &[u32],
-        caches: Vec<OrtCache>,
-    ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError>
-    where
-        T: ort::value::PrimitiveTensorElementType + Copy + Default + std::fmt::Debug + 'static,
-    {
-        const PART: &str = "decoder_model_merged";
-        let b = tokens.len();
-        if b != caches.len() || b == 0 {
-            return Err(BackendError::Invalid(format!(
-                "decode_batch: {b} tokens for {} caches",
-                caches.len()
-            )));
-        }
-        let ids: Vec<u64> = caches.iter().map(|c| c.id).collect();
-        let lens: Vec<usize> = caches.iter().map(|c| c.len).collect();
-        let same_batch = self
-            .batch
-            .as_ref()
-            .is_some_and(|bk| bk.ids == ids && bk.lens == lens)
-            && caches.iter().all(|c| c.kv.is_none());
-        let old = self.batch.take();
-        let (p, past) = match old {
-            Some(bk) if same_batch => (bk.p, bk.kv),
-            old => {
-                let p = *lens.iter().max().expect("non-empty batch");
-                let mut rows = Vec::with_capacity(b);
-                for c in caches {
-                    let src = match c.kv {
-                        Some(kv) => RowSrc::Own(kv),
-                        None => RowSrc::Batch(old.as_ref().and_then(|o| o.row(c.id)).ok_or_else(
-                            || {
-                                BackendError::Invalid(format!(
-                                    "KV cache of sequence {} is gone",
-                                    c.id
-                                ))
-                            },
-                        )?),
-                    };
-                    rows.push((src, c.len));
-                }
-                self.stats.repacks += 1;
-                (p, kv::pack::<T>(&rows, old.as_ref(), p, self.dims, PART)?)
-            }
-        };
-        let embeds = self.embed_ids(vec![b as i64, 1], tokens)?;
-        let mut mask = vec![0i64; b * (p + 1)];
-        for (i, l) in lens.iter().enumerate() {
-            mask[i * (p + 1) + p - l..(i + 1) * (p + 1)].fill(1);
-        }
-        let inputs = self.decoder_inputs(embeds, mask, b, lens.clone(), 1, past)?;
-        let (logits, kv) = self.run_decoder(inputs)?;
-        let new_lens: Vec<usize> = lens.iter().map(|l| l + 1).collect();
-        let caches = ids
-            .iter()
-            .zip(&new_lens)
-            .map(|(id, l)| OrtCache {
-                id: *id,
-                kv: None,
-                len: *l,
-            })
-            .collect();
-        self.batch = Some(BatchKv {
-            ids,
-            lens: new_lens,
-            p: p + 1,
-            kv,
-        });
-        Ok((logits, caches))
-    }
 }
+
+#[cfg(test)]
+mod tests;

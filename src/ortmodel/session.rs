@@ -63,7 +63,7 @@ pub(super) fn build(
             if !eps.is_empty() {
                 b = b.with_execution_providers(&eps)?;
             }
-            Ok(b.commit_from_file(path)?)
+            b.commit_from_file(path)
         };
         match build() {
             Ok(session) => {
