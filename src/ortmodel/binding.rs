@@ -168,6 +168,8 @@ impl OrtModel {
             b.bind_output_to_device(name.as_str(), &self.placement.kv)
                 .map_err(rt)?;
         }
+        // Host inputs are copied to the device as they are bound; make sure the copies are done.
+        b.synchronize_inputs().map_err(rt)?;
         let mut out = self.decoder.run_binding(&b).map_err(rt)?;
         let r = split_outputs(&mut out, &self.present_names)?;
         drop(out);

@@ -148,6 +148,7 @@ impl Repacker {
         )
         .map_err(rt)?;
         bind.bind_output("y", &mut y).map_err(rt)?;
+        bind.synchronize_inputs().map_err(rt)?;
         self.session.run_binding(&bind).map_err(rt)?;
         drop(bind);
         Ok(y)
