@@ -1,28 +1,15 @@
 //! GPU memory from `nvidia-smi`, for `ocrctl bench` with a GPU execution provider.
 //!
 //! `nvidia-smi --query-compute-apps=pid,used_memory` gives each process's GPU memory; ours is
-//! the lines with our pid (summed over GPUs). `--query-gpu=memory.total,memory.used` gives the
+//! the lines with our pid (summed over GPUs, parsed by [`ocrctl::gpumem`]). `--query-gpu=memory.total,memory.used` gives the
 //! device's total and used memory (the line of the configured device). [`GpuMonitor`] polls
 //! both at phase ends and keeps the maxima; ONNX Runtime's CUDA arena keeps what it grew to,
 //! so a poll after a phase sees that phase's peak. When nvidia-smi is missing or prints nothing
 //! usable (e.g. our pid is not visible from a container), the values are absent, not errors.
 
+use ocrctl::gpumem::parse_compute_apps;
 use serde_json::{json, Value};
 use std::process::Command;
-
-/// Our process's GPU memory in MiB from `--query-compute-apps=pid,used_memory` CSV output
-/// (`noheader,nounits`): the sum of the lines with `pid`, or `None` if there are none.
-pub fn parse_process_mib(csv: &str, pid: u32) -> Option<f64> {
-    let mine: Vec<f64> = csv
-        .lines()
-        .filter_map(|l| {
-            let (p, m) = l.split_once(',')?;
-            (p.trim().parse::<u32>().ok()? == pid).then_some(())?;
-            m.trim().parse::<f64>().ok()
-        })
-        .collect();
-    (!mine.is_empty()).then(|| mine.iter().sum())
-}
 
 /// `(total, used)` MiB of GPU `index` from `--query-gpu=memory.total,memory.used` CSV output
 /// (`noheader,nounits`, one line per GPU).
@@ -105,7 +92,8 @@ impl GpuMonitor {
             return GpuPeak::default();
         }
         let process_mib = nvidia_smi("--query-compute-apps=pid,used_memory")
-            .and_then(|s| parse_process_mib(&s, std::process::id()));
+            .and_then(|s| parse_compute_apps(&s, std::process::id()))
+            .map(|mib| mib as f64);
         let gpu = nvidia_smi("--query-gpu=memory.total,memory.used")
             .and_then(|s| parse_gpu_mib(&s, self.device));
         let s = GpuPeak {
@@ -123,16 +111,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn process_memory_is_the_sum_of_our_lines() {
-        let csv = "1234, 5120\n999, 300\n1234, 1024\n";
-        assert_eq!(parse_process_mib(csv, 1234), Some(6144.0));
-        assert_eq!(parse_process_mib(csv, 999), Some(300.0));
-        assert_eq!(parse_process_mib(csv, 42), None);
-        assert_eq!(parse_process_mib("", 42), None);
+    fn process_memory_ignores_what_is_not_a_number() {
         // MIG and some containers print [N/A] or a notice instead of numbers.
-        assert_eq!(parse_process_mib("1234, [N/A]\n", 1234), None);
+        assert_eq!(parse_compute_apps("1234, [N/A]\n", 1234), None);
         assert_eq!(
-            parse_process_mib("No running processes found\n", 1234),
+            parse_compute_apps("No running processes found\n", 1234),
             None
         );
     }
