@@ -162,7 +162,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => {
                     eprintln!("error: loading {}: {e}", dir.display());
-                    worker::set_failed(&shared, e.to_string());
+                    worker::set_failed(&shared, format!("loading the model failed: {e}"));
                 }
             }
         })

@@ -594,7 +594,7 @@ fn models_health_and_a_model_that_fails_to_load() {
     assert!(r.json()["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("failed to load"));
+        .contains("loading the model failed"));
 }
 
 #[test]

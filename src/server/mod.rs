@@ -78,7 +78,7 @@ impl AppState {
             ModelState::Ready => Ok(()),
             ModelState::Loading => Err(ApiError::Unavailable("the model is still loading".into())),
             ModelState::Failed => Err(ApiError::Unavailable(format!(
-                "the model failed to load: {}",
+                "the model is unavailable: {}",
                 self.shared
                     .load_error
                     .lock()

@@ -252,6 +252,20 @@ impl Running {
 /// How the engine thread runs: the loaded engine, the prompter for detokenisation.
 pub fn run_worker<B: Backend>(mut engine: Engine<B>, prompter: Arc<Prompter>, shared: Arc<Shared>) {
     shared.set_state(ModelState::Ready);
+    // If this thread dies (a panic in a runtime), say so on /health and fail every queued
+    // job instead of leaving its client waiting; running jobs fail as their senders drop.
+    struct Guard<'a>(&'a Shared);
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            set_failed(self.0, "the engine thread stopped unexpectedly".into());
+            self.0
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
+    }
+    let _guard = Guard(&shared);
     let mut batch: Batch<B::Cache> = Batch::new();
     let mut running: HashMap<usize, Running> = HashMap::new();
     let mut next_index = 0usize;
@@ -403,7 +417,8 @@ fn on_event(
     }
 }
 
-/// Marks the model as failed to load, with the reason `/health` reports.
+/// Marks the model as unavailable (it failed to load, or the engine thread died), with the reason
+/// `/health` reports.
 pub fn set_failed(shared: &Shared, why: String) {
     *shared.load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     shared.set_state(ModelState::Failed);
@@ -577,6 +592,72 @@ mod tests {
         assert!(matches!(rx2.try_recv(), Err(TryRecvError::Empty)));
         drop(rx);
         assert_eq!(text_of(&mut rx2).0, "12");
+    }
+
+    /// Panics in its first decoder step.
+    struct Panics;
+
+    impl Backend for Panics {
+        type Cache = ();
+        fn hidden_size(&self) -> usize {
+            1
+        }
+        fn encode_image(&mut self, _: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+            unreachable!()
+        }
+        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+            Ok(Array2::zeros((ids.len(), 1)))
+        }
+        fn forward(
+            &mut self,
+            e: Array2<f32>,
+            c: Option<()>,
+        ) -> Result<(Vec<f32>, ()), BackendError> {
+            assert!(c.is_none() || e.nrows() == 0, "a bug in a runtime");
+            Ok((vec![0.0, 1.0], ()))
+        }
+    }
+
+    #[test]
+    fn a_dying_engine_thread_fails_its_requests_and_health() {
+        let shared = Arc::new(Shared::new(4));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-lightonocr/checkpoint");
+        let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
+        let (j, mut rx) = job(5, &[], Duration::from_secs(30));
+        let (j2, mut rx2) = job(5, &[], Duration::from_secs(30));
+        shared.submit(j).unwrap();
+        shared.submit(j2).unwrap();
+        let s = shared.clone();
+        let t = std::thread::spawn(move || {
+            let engine = Engine {
+                backend: Panics,
+                max_batch: 1,
+                image_token_id: 326,
+            };
+            run_worker(engine, prompter, s);
+        });
+        assert!(t.join().is_err(), "the worker panicked");
+        assert_eq!(shared.state(), ModelState::Failed);
+        assert!(shared
+            .load_error
+            .lock()
+            .unwrap()
+            .as_deref()
+            .unwrap()
+            .contains("stopped"));
+        // Both clients hear the end of their channel instead of waiting forever.
+        for rx in [&mut rx, &mut rx2] {
+            loop {
+                match rx.try_recv() {
+                    Ok(_) => continue,
+                    Err(e) => {
+                        assert_eq!(e, TryRecvError::Disconnected);
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     #[test]
