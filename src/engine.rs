@@ -565,7 +565,7 @@ mod flow_tests {
         let mut e = engine();
         let mut batch = Batch::new();
         let mut done: Vec<(usize, Result<Generation, String>)> = Vec::new();
-        let mut seen = vec![0usize; 3];
+        let mut seen = [0usize; 3];
         for i in 0..3 {
             e.admit(
                 &mut batch,

@@ -326,6 +326,14 @@ impl PageLoader {
     }
 }
 
+/// What separates page `page` (1-based, ≥ 2) from the page before it, in markdown files,
+/// plain-text output and the server's `/v1/ocr` answers: a blank line, an HTML comment
+/// naming the page (invisible when the markdown is rendered, unlike `---`, which OCR output
+/// may itself contain), a blank line.
+pub fn page_separator(page: usize) -> String {
+    format!("\n\n<!-- page {page} -->\n\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,12 +450,4 @@ mod tests {
         let e = l.load(&pdf, 2).unwrap_err().to_string();
         assert!(e.contains("two_pages.pdf: page 3"), "{e}");
     }
-}
-
-/// What separates page `page` (1-based, ≥ 2) from the page before it, in markdown files,
-/// plain-text output and the server's `/v1/ocr` answers: a blank line, an HTML comment
-/// naming the page (invisible when the markdown is rendered, unlike `---`, which OCR output
-/// may itself contain), a blank line.
-pub fn page_separator(page: usize) -> String {
-    format!("\n\n<!-- page {page} -->\n\n")
 }

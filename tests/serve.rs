@@ -336,6 +336,9 @@ fn data_url(bytes: &[u8]) -> String {
     )
 }
 
+/// What is sent, the body, the expected status, the expected `param` and a part of the message.
+type BadCase<'a> = (&'a str, Vec<u8>, u16, Option<&'a str>, &'a str);
+
 #[test]
 fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
     let dir = tempfile::tempdir().unwrap();
@@ -352,7 +355,7 @@ fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
         )
         .unwrap()
     };
-    let cases: Vec<(&str, Vec<u8>, u16, Option<&str>, &str)> = vec![
+    let cases: [BadCase; 13] = [
         (
             "invalid JSON",
             b"{\"messages\": [".to_vec(),
