@@ -34,6 +34,8 @@ if [ "${1:-}" = "--test" ]; then
   fi
   if ! command -v chromium >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      # A fresh machine may have no package lists yet.
+      apt-get update -q >/dev/null
       DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
     else
       echo "error: the browser test needs Debian's chromium: sudo apt-get install chromium" >&2

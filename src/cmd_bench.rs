@@ -18,15 +18,14 @@ use ocrctl::backend::Backend;
 use ocrctl::engine::{Engine, Event, GenRequest};
 use ocrctl::generate::merge_image_features;
 use ocrctl::ortmodel::{KvPath, OrtModel};
-use ocrctl::preprocess::{self, PreprocessConfig};
-use ocrctl::prompt::Prompter;
+use ocrctl::preprocess;
 use ocrctl::sampling::SamplingParams;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::gpu_mem::{GpuMonitor, GpuPeak};
+use ocrctl::gpumem::{GpuMonitor, GpuPeak};
 
 /// `--kv-path`: how decoder runs move the KV cache.
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -135,12 +134,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     );
     gpu.poll();
     let cfg = model.manifest.model.clone();
-    let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;
-    let pre = PreprocessConfig::from_model_dir(
-        &a.model,
-        cfg.vision.patch_size as u32,
-        cfg.spatial_merge_size as u32,
-    )?;
+    let (prompter, pre) = crate::cmd_common::page_inputs(&a.model, &cfg)?;
     let mut engine = Engine {
         backend: model,
         max_batch: 1,

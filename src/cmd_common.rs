@@ -7,8 +7,11 @@
 use anyhow::Context;
 use clap::Args;
 use ocrctl::ortmodel::LoadOptions;
+use ocrctl::preprocess::PreprocessConfig;
 use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
+use ocrctl::prompt::Prompter;
 use ocrctl::providers::{CudaConfig, Provider, ProviderConfig, TrtConfig};
+use ocrctl_exporters::config::ModelConfig;
 use ocrctl_exporters::export::{Manifest, Precision};
 use std::path::{Path, PathBuf};
 
@@ -128,4 +131,16 @@ impl RuntimeArgs {
         lo.providers = pc;
         Ok((lo, profile))
     }
+}
+
+/// The prompt builder and image preprocessing of the exported model in `dir` (whose
+/// normalised config is `cfg`): what every command that reads pages needs.
+pub fn page_inputs(dir: &Path, cfg: &ModelConfig) -> anyhow::Result<(Prompter, PreprocessConfig)> {
+    let prompter = Prompter::from_model_dir(dir, cfg.image_token_id)?;
+    let pre = PreprocessConfig::from_model_dir(
+        dir,
+        cfg.vision.patch_size as u32,
+        cfg.spatial_merge_size as u32,
+    )?;
+    Ok((prompter, pre))
 }

@@ -8,8 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use ocrctl::eval::{compare, ImageEval};
 use ocrctl::ortmodel::{LoadOptions, OrtModel};
-use ocrctl::preprocess::{self, PreprocessConfig};
-use ocrctl::prompt::Prompter;
+use ocrctl::preprocess;
 use ocrctl_exporters::export::Precision;
 use serde_json::json;
 use std::path::PathBuf;
@@ -82,12 +81,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             "--candidate: its model config differs from the reference's (different checkpoints?)"
         );
     }
-    let prompter = Prompter::from_model_dir(&a.reference, cfg.image_token_id)?;
-    let pre = PreprocessConfig::from_model_dir(
-        &a.reference,
-        cfg.vision.patch_size as u32,
-        cfg.spatial_merge_size as u32,
-    )?;
+    let (prompter, pre) = crate::cmd_common::page_inputs(&a.reference, &cfg)?;
     let mut rows: Vec<(String, ImageEval)> = Vec::new();
     for path in &a.images {
         let img = preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS)?;

@@ -17,8 +17,7 @@ use clap::Args;
 use ocrctl::engine::{Engine, Event, GenRequest};
 use ocrctl::inputs::{self, Document, PageLoader};
 use ocrctl::ortmodel::OrtModel;
-use ocrctl::preprocess::{self, PreprocessConfig};
-use ocrctl::prompt::Prompter;
+use ocrctl::preprocess;
 use ocrctl::sampling::{LoopGuard, SamplingParams};
 use serde_json::json;
 use std::cell::RefCell;
@@ -87,25 +86,6 @@ pub struct OcrArgs {
     /// glob patterns such as 'scans/*.pdf'.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
-}
-
-/// Stop ids: `generation_config.json`'s `eos_token_id` if present, else the config's.
-fn stop_ids(dir: &Path, fallback: &[u32]) -> Vec<u32> {
-    let from_gen = std::fs::read_to_string(dir.join("generation_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| match v.get("eos_token_id") {
-            Some(serde_json::Value::Array(a)) => Some(
-                a.iter()
-                    .filter_map(|x| x.as_u64().map(|n| n as u32))
-                    .collect(),
-            ),
-            Some(x) => x.as_u64().map(|n| vec![n as u32]),
-            None => None,
-        });
-    from_gen
-        .filter(|v: &Vec<u32>| !v.is_empty())
-        .unwrap_or_else(|| fallback.to_vec())
 }
 
 /// Expands the inputs and opens every document, reporting (and counting) those that fail.
@@ -253,13 +233,8 @@ fn run_pages(
 ) -> anyhow::Result<()> {
     let model = OrtModel::load(&a.model, &opts)?;
     let cfg = model.manifest.model.clone();
-    let prompter = Prompter::from_model_dir(&a.model, cfg.image_token_id)?;
-    let pre = PreprocessConfig::from_model_dir(
-        &a.model,
-        cfg.vision.patch_size as u32,
-        cfg.spatial_merge_size as u32,
-    )?;
-    let stops = stop_ids(&a.model, &cfg.eos_token_ids);
+    let (prompter, pre) = crate::cmd_common::page_inputs(&a.model, &cfg)?;
+    let stops = ocrctl::generate::stop_ids(&a.model, &cfg.eos_token_ids);
     let meta: RefCell<Vec<Meta>> = RefCell::new(Vec::new());
     let mut loader = PageLoader::new(a.pdfium_lib.clone(), a.max_pixels);
     // Pages are loaded, preprocessed and encoded only when the engine admits them.

@@ -12,8 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use ocrctl::engine::Engine;
 use ocrctl::ortmodel::OrtModel;
-use ocrctl::preprocess::{PreprocessConfig, DEFAULT_MAX_PIXELS};
-use ocrctl::prompt::Prompter;
+use ocrctl::preprocess::DEFAULT_MAX_PIXELS;
 use ocrctl::sampling::{LoopGuard, SamplingParams};
 use ocrctl::server::{worker, AppState, ServerConfig};
 use ocrctl_exporters::export::Manifest;
@@ -76,12 +75,8 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     let manifest =
         Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
     let cfg = manifest.model.clone();
-    let prompter = Arc::new(Prompter::from_model_dir(&a.model, cfg.image_token_id)?);
-    let mut pre = PreprocessConfig::from_model_dir(
-        &a.model,
-        cfg.vision.patch_size as u32,
-        cfg.spatial_merge_size as u32,
-    )?;
+    let (prompter, mut pre) = crate::cmd_common::page_inputs(&a.model, &cfg)?;
+    let prompter = Arc::new(prompter);
     pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
     let gen_path = a.model.join("generation_config.json");
     let mut defaults = match std::fs::read_to_string(&gen_path) {

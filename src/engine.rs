@@ -39,7 +39,7 @@
 
 use crate::backend::{Backend, BackendError};
 use crate::generate::{
-    argmax_and_top_k, merge_image_features, FinishReason, Generation, TokenLogprob,
+    argmax_and_top_k, log_sum_exp, merge_image_features, FinishReason, Generation, TokenLogprob,
 };
 use crate::sampling::{Sampler, SamplingParams};
 use ndarray::{concatenate, Array2, Array4, Axis};
@@ -166,14 +166,7 @@ fn empty_generation() -> Generation {
 
 /// Log-probability of token `id` under the softmax of `logits` (float64 accumulation).
 pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + logits
-            .iter()
-            .map(|v| (*v as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    (logits[id as usize] as f64 - lse) as f32
+    (logits[id as usize] as f64 - log_sum_exp(logits)) as f32
 }
 
 /// The scheduler. `max_batch` bounds how many requests decode together.
@@ -260,10 +253,17 @@ impl<B: Backend> Engine<B> {
     pub fn step(&mut self, batch: &mut Batch<B::Cache>, on_event: &mut dyn FnMut(Event) -> Flow) {
         let mut keep = Vec::with_capacity(batch.active.len());
         for mut a in batch.active.drain(..) {
-            let (_, top) = argmax_and_top_k(&a.logits, a.req.top_logprobs);
-            let raw = (a.req.logprobs || a.req.top_logprobs > 0).then(|| a.logits.clone());
+            // Log-probabilities are of the raw distribution: read them before the sampler
+            // applies penalties and temperature in place (only when the request asks).
+            let top = if a.req.top_logprobs > 0 {
+                argmax_and_top_k(&a.logits, a.req.top_logprobs).1
+            } else {
+                Vec::new()
+            };
+            let raw = (a.req.logprobs || a.req.top_logprobs > 0)
+                .then(|| (a.logits.clone(), log_sum_exp(&a.logits)));
             let id = a.sampler.next(&mut a.logits, &a.out.token_ids);
-            let logprob = raw.map(|l| logprob_of(&l, id));
+            let logprob = raw.map(|(l, lse)| (l[id as usize] as f64 - lse) as f32);
             a.out.token_ids.push(id);
             let flow = on_event(Event::Token {
                 index: a.index,

@@ -25,13 +25,7 @@ pub struct ImageEval {
 
 /// Log-softmax in float64.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b)) as f64;
-    let lse = max
-        + logits
-            .iter()
-            .map(|v| (*v as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    let lse = crate::generate::log_sum_exp(logits);
     logits.iter().map(|v| *v as f64 - lse).collect()
 }
 

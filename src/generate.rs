@@ -105,6 +105,16 @@ pub fn merge_image_features(
     Ok(())
 }
 
+/// `log Σ exp(logits)`, accumulated in float64 after subtracting the maximum.
+pub fn log_sum_exp(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    max + logits
+        .iter()
+        .map(|v| (*v as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
 /// Index of the largest logit (the first one on ties, as `torch.argmax`) and the `k` most
 /// likely tokens with their log-probabilities, most likely first.
 pub fn argmax_and_top_k(logits: &[f32], k: usize) -> (u32, Vec<TokenLogprob>) {
@@ -117,13 +127,7 @@ pub fn argmax_and_top_k(logits: &[f32], k: usize) -> (u32, Vec<TokenLogprob>) {
     if k == 0 {
         return (best as u32, Vec::new());
     }
-    let max = logits[best] as f64;
-    let lse = max
-        + logits
-            .iter()
-            .map(|v| (*v as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    let lse = log_sum_exp(logits);
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     let k = k.min(logits.len());
     idx.select_nth_unstable_by(k - 1, |a, b| {

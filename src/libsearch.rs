@@ -75,6 +75,28 @@ pub fn python_package_dir(module: &str) -> Option<PathBuf> {
     Some(PathBuf::from(s.trim()))
 }
 
+/// The folders that may hold a wheel's library, in search order: next to the executable,
+/// `<venv>/lib/python3*/site-packages/<sub>` for each of [`venv_prefixes`], the same folder of
+/// the package as `python3` imports it, then the `/usr/local` and `/usr` site-packages. `sub`
+/// is the path under site-packages (`onnxruntime/capi`, `pypdfium2_raw`); its first
+/// component is the Python package.
+pub fn wheel_dirs(sub: &str) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = exe_dir() {
+        dirs.push(d);
+    }
+    for venv in venv_prefixes() {
+        dirs.extend(site_packages_under(&venv, sub));
+    }
+    let (package, rest) = sub.split_once('/').unwrap_or((sub, ""));
+    if let Some(d) = python_package_dir(package) {
+        dirs.push(if rest.is_empty() { d } else { d.join(rest) });
+    }
+    dirs.extend(site_packages_under(Path::new("/usr/local"), sub));
+    dirs.extend(site_packages_under(Path::new("/usr"), sub));
+    dirs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

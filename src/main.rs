@@ -14,7 +14,6 @@ mod cmd_export;
 mod cmd_ocr;
 mod cmd_profiles;
 mod cmd_serve;
-mod gpu_mem;
 mod ocr_output;
 
 use clap::{Parser, Subcommand};

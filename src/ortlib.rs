@@ -12,7 +12,7 @@
 //!
 //! When nothing is found the error lists every place searched and the command that fixes it.
 
-use crate::libsearch::{self, site_packages_under};
+use crate::libsearch;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -49,20 +49,10 @@ fn libs_in(dir: &Path) -> Option<PathBuf> {
 /// Where the `onnxruntime` wheel keeps the library, under site-packages.
 const WHEEL_SUBDIR: &str = "onnxruntime/capi";
 
-/// Candidate directories in search order (explicit paths excluded).
+/// Candidate directories in search order (explicit paths excluded): [`libsearch::wheel_dirs`]
+/// of the `onnxruntime` wheel, then `/opt/ortgpu` (where the GPU machine recipe unpacks it).
 pub fn candidate_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    if let Some(d) = libsearch::exe_dir() {
-        dirs.push(d);
-    }
-    for venv in libsearch::venv_prefixes() {
-        dirs.extend(site_packages_under(&venv, WHEEL_SUBDIR));
-    }
-    if let Some(d) = libsearch::python_package_dir("onnxruntime") {
-        dirs.push(d.join("capi"));
-    }
-    dirs.extend(site_packages_under(Path::new("/usr/local"), WHEEL_SUBDIR));
-    dirs.extend(site_packages_under(Path::new("/usr"), WHEEL_SUBDIR));
+    let mut dirs = libsearch::wheel_dirs(WHEEL_SUBDIR);
     dirs.push(PathBuf::from("/opt/ortgpu/onnxruntime/capi"));
     dirs
 }

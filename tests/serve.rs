@@ -345,6 +345,12 @@ fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
     let s = server(dir.path(), 2, 8, &[]);
     let png = std::fs::read(image("aligned.png")).unwrap();
     let url0 = "messages[0].content[0].image_url.url";
+    // The fixture image's chat body (4 tokens) with one field set.
+    let with = |png: &[u8], key: &str, value: Value| {
+        let mut b = chat_body(png, "image/png", 4);
+        b[key] = value;
+        b.to_string().into_bytes()
+    };
     let send = |body: &[u8]| {
         request(
             &s.addr,
@@ -424,44 +430,28 @@ fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
         ),
         (
             "n=2",
-            {
-                let mut b = chat_body(&png, "image/png", 4);
-                b["n"] = json!(2);
-                b.to_string().into_bytes()
-            },
+            with(&png, "n", json!(2)),
             400,
             Some("n"),
             "n must be 1",
         ),
         (
             "max_tokens over the limit",
-            {
-                let mut b = chat_body(&png, "image/png", 4);
-                b["max_tokens"] = json!(257);
-                b.to_string().into_bytes()
-            },
+            with(&png, "max_tokens", json!(257)),
             400,
             Some("max_tokens"),
             "limit of 256",
         ),
         (
             "bad top_p",
-            {
-                let mut b = chat_body(&png, "image/png", 4);
-                b["top_p"] = json!(1.5);
-                b.to_string().into_bytes()
-            },
+            with(&png, "top_p", json!(1.5)),
             400,
             Some("top_p"),
             "top_p",
         ),
         (
             "wrong model",
-            {
-                let mut b = chat_body(&png, "image/png", 4);
-                b["model"] = json!("gpt-4o");
-                b.to_string().into_bytes()
-            },
+            with(&png, "model", json!("gpt-4o")),
             404,
             None,
             "does not exist",
@@ -633,7 +623,12 @@ fn sigterm_lets_a_running_stream_finish_then_exits_zero() {
     s.terminate();
     let r = running.join().unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(r.sse_data().last().unwrap(), "[DONE]");
+    let events = r.sse_data();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    // The running request was not cut short: all 256 tokens (EOS ignored), finish "length".
+    let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(last["usage"]["completion_tokens"], 256, "{last}");
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
     let status = s.child.wait().unwrap();
     assert!(
         status.success(),

@@ -6,7 +6,7 @@
 //! function table. The library is never unloaded.
 
 use super::PdfError;
-use crate::libsearch::{self, site_packages_under};
+use crate::libsearch;
 use std::ffi::{c_char, c_float, c_int, c_ulong, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -59,23 +59,10 @@ struct Loaded {
 static LIB: OnceLock<Loaded> = OnceLock::new();
 static LOCK: Mutex<()> = Mutex::new(());
 
-/// Candidate directories in search order (explicit paths excluded): next to the executable,
-/// `.venv` site-packages (see [`libsearch::venv_prefixes`]), `python3`'s `pypdfium2_raw`,
-/// system site-packages.
+/// Candidate directories in search order (explicit paths excluded):
+/// [`libsearch::wheel_dirs`] of the `pypdfium2` wheel's `pypdfium2_raw`.
 pub fn candidate_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    if let Some(d) = libsearch::exe_dir() {
-        dirs.push(d);
-    }
-    for venv in libsearch::venv_prefixes() {
-        dirs.extend(site_packages_under(&venv, WHEEL_SUBDIR));
-    }
-    if let Some(d) = libsearch::python_package_dir(WHEEL_SUBDIR) {
-        dirs.push(d);
-    }
-    dirs.extend(site_packages_under(Path::new("/usr/local"), WHEEL_SUBDIR));
-    dirs.extend(site_packages_under(Path::new("/usr"), WHEEL_SUBDIR));
-    dirs
+    libsearch::wheel_dirs(WHEEL_SUBDIR)
 }
 
 /// Locates the pdfium library: `explicit` (`--pdfium-lib`), else `$OCRCTL_PDFIUM_LIB`, else

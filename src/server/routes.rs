@@ -247,7 +247,7 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let accepted = Instant::now();
     let body = body.map_err(|e| body_error(e.status(), &st, e.body_text()))?;
-    let p = openai::parse_chat(&body)?;
+    let mut p = openai::parse_chat(&body)?;
     drop(body);
     st.ready()?;
     if let Some(m) = &p.model {
@@ -272,13 +272,13 @@ pub async fn chat(
     let max_tokens = o.max_tokens(&st)?;
     let params = o.sampling(&st.cfg.defaults)?;
     let raw = images::resolve(
-        p.images.clone(),
+        std::mem::take(&mut p.images),
         st.cfg.allow_remote_images,
         st.cfg.max_body_bytes,
     )
     .await?;
     let st2 = st.clone();
-    let messages = p.messages.clone();
+    let messages = std::mem::take(&mut p.messages);
     let (prompt_ids, pixels) = tokio::task::spawn_blocking(move || {
         let mut pixels = Vec::with_capacity(raw.len());
         let mut counts = Vec::with_capacity(raw.len());

@@ -464,22 +464,30 @@ mod tests {
         }
     }
 
-    fn start(delay_ms: u64, batch: usize, queue: usize) -> Arc<Shared> {
-        let shared = Arc::new(Shared::new(queue));
+    /// Runs `backend` on a worker thread over `shared`, with the fixture's tokenizer.
+    fn spawn<B: Backend + Send + 'static>(
+        backend: B,
+        batch: usize,
+        shared: &Arc<Shared>,
+    ) -> std::thread::JoinHandle<()> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/tiny-lightonocr/checkpoint");
         let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
         let s = shared.clone();
         std::thread::spawn(move || {
             let engine = Engine {
-                backend: Slow {
-                    delay: Duration::from_millis(delay_ms),
-                },
+                backend,
                 max_batch: batch,
                 image_token_id: 326,
             };
             run_worker(engine, prompter, s);
-        });
+        })
+    }
+
+    fn start(delay_ms: u64, batch: usize, queue: usize) -> Arc<Shared> {
+        let shared = Arc::new(Shared::new(queue));
+        let delay = Duration::from_millis(delay_ms);
+        spawn(Slow { delay }, batch, &shared);
         shared
     }
 
@@ -621,22 +629,11 @@ mod tests {
     #[test]
     fn a_dying_engine_thread_fails_its_requests_and_health() {
         let shared = Arc::new(Shared::new(4));
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tiny-lightonocr/checkpoint");
-        let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
         let (j, mut rx) = job(5, &[], Duration::from_secs(30));
         let (j2, mut rx2) = job(5, &[], Duration::from_secs(30));
         shared.submit(j).unwrap();
         shared.submit(j2).unwrap();
-        let s = shared.clone();
-        let t = std::thread::spawn(move || {
-            let engine = Engine {
-                backend: Panics,
-                max_batch: 1,
-                image_token_id: 326,
-            };
-            run_worker(engine, prompter, s);
-        });
+        let t = spawn(Panics, 1, &shared);
         assert!(t.join().is_err(), "the worker panicked");
         assert_eq!(shared.state(), ModelState::Failed);
         assert!(shared
