@@ -70,11 +70,7 @@ pub fn collect(
     })));
     let cfg = model.manifest.model.clone();
     let prompter = Prompter::from_model_dir(dir, cfg.image_token_id)?;
-    let pre = PreprocessConfig::from_model_dir(
-        dir,
-        cfg.vision.patch_size as u32,
-        cfg.spatial_merge_size as u32,
-    )?;
+    let pre = PreprocessConfig::for_model(dir, &cfg)?;
     let mut used = 0;
     for path in images {
         let img = match preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS) {

@@ -137,10 +137,5 @@ impl RuntimeArgs {
 /// normalised config is `cfg`): what every command that reads pages needs.
 pub fn page_inputs(dir: &Path, cfg: &ModelConfig) -> anyhow::Result<(Prompter, PreprocessConfig)> {
     let prompter = Prompter::from_model_dir(dir, cfg.image_token_id)?;
-    let pre = PreprocessConfig::from_model_dir(
-        dir,
-        cfg.vision.patch_size as u32,
-        cfg.spatial_merge_size as u32,
-    )?;
-    Ok((prompter, pre))
+    Ok((prompter, PreprocessConfig::for_model(dir, cfg)?))
 }

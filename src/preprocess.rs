@@ -168,6 +168,19 @@ impl PreprocessConfig {
         self.patch_size.saturating_mul(self.merge_size).max(1)
     }
 
+    /// [`PreprocessConfig::from_model_dir`] with the patch and merge sizes of the exported
+    /// model's normalised config.
+    pub fn for_model(
+        dir: &Path,
+        cfg: &ocrctl_exporters::config::ModelConfig,
+    ) -> Result<Self, PreprocessError> {
+        Self::from_model_dir(
+            dir,
+            cfg.vision.patch_size as u32,
+            cfg.spatial_merge_size as u32,
+        )
+    }
+
     /// Reads `processor_config.json` from a checkpoint directory.
     ///
     /// `patch_size` and `merge_size` come from the model configuration (the processor file
