@@ -44,6 +44,9 @@ pub struct RuntimeArgs {
     /// float, 4 (ONNX Runtime's default) quantizes activations to int8.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
     pub accuracy_level: u8,
+    /// Skip checking the export's files against the sha256 digests in its ocrctl.json.
+    #[arg(long, env = "OCRCTL_NO_VERIFY")]
+    pub no_verify: bool,
 }
 
 fn parse_provider(s: &str) -> Result<Provider, String> {
@@ -77,6 +80,7 @@ impl RuntimeArgs {
         let mut lo = LoadOptions::new(precision);
         lo.ort_lib = self.ort_lib.clone();
         lo.accuracy_level = self.accuracy_level;
+        lo.verify = !self.no_verify;
         lo.threads = self
             .threads
             .or(profile

@@ -104,7 +104,9 @@ fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
         };
         if let Some(dir) = &a.out {
             let md = md_path(dir, &path);
-            if a.resume && md.exists() {
+            // A finished file holds at least a newline: an empty one (a crash before the
+            // data reached the disk) is not a finished document.
+            if a.resume && std::fs::metadata(&md).is_ok_and(|m| m.len() > 0) {
                 skipped += 1;
                 continue;
             }

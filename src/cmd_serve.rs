@@ -6,7 +6,9 @@
 //!
 //! Every option can also come from an `OCRCTL_*` environment variable (`OCRCTL_MODEL`,
 //! `OCRCTL_PROFILE`, `OCRCTL_PORT`, …). The model loads on the engine thread while the
-//! server already answers: `/health` is 503 until it is ready.
+//! server already answers: `/health` is 503 until it is ready. A model that fails to load
+//! ends the process with status 1, an engine thread that dies with status 70, so that a
+//! supervisor restarts it.
 
 use anyhow::Context;
 use clap::Args;
@@ -21,6 +23,11 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Exit status when the model cannot be loaded.
+const EXIT_LOAD_FAILED: i32 = 1;
+/// Exit status when the engine thread died while serving (EX_SOFTWARE).
+const EXIT_ENGINE_DIED: i32 = 70;
 
 /// Arguments of `ocrctl serve`.
 #[derive(Args, Debug)]
@@ -63,6 +70,19 @@ pub struct ServeArgs {
     /// Stop a request whose output repeats a block of tokens many times in a row.
     #[arg(long, env = "OCRCTL_LOOP_GUARD")]
     loop_guard: bool,
+    /// Connections served at once; more wait in the listen backlog.
+    #[arg(long, env = "OCRCTL_MAX_CONNECTIONS", default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds a connection has to send a request's headers (idle keep-alive included).
+    #[arg(long, env = "OCRCTL_HEADER_TIMEOUT", default_value_t = 10)]
+    header_timeout: u64,
+    /// Seconds a request's body has to arrive.
+    #[arg(long, env = "OCRCTL_BODY_TIMEOUT", default_value_t = 60)]
+    body_timeout: u64,
+    /// Host names a server without --api-key answers to, besides IP addresses and
+    /// localhost (comma-separated). Other Host headers get 403 (DNS-rebinding guard).
+    #[arg(long, env = "OCRCTL_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
 }
 
 /// Runs the server until SIGTERM/SIGINT.
@@ -94,6 +114,9 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     let batch = a.batch_size.unwrap_or(profile.max_batch_size as usize);
     if batch == 0 {
         anyhow::bail!("--batch-size must be at least 1");
+    }
+    if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
+        anyhow::bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
     }
     let model_name = a.served_model_name.clone().unwrap_or_else(|| {
         a.model
@@ -128,12 +151,22 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            front: ocrctl::server::front::FrontLimits {
+                max_connections: a.max_connections,
+                header_read_timeout: Duration::from_secs(a.header_timeout),
+                body_timeout: Duration::from_secs(a.body_timeout),
+                allowed_hosts: a.allowed_hosts.clone(),
+            },
         },
         shared: shared.clone(),
         prompter: prompter.clone(),
         pre,
         stopping: AtomicBool::new(false),
         gpu_memory: uses_gpu.then_some(ocrctl::gpumem::process_gpu_memory as fn() -> Option<u64>),
+        cut: tokio::sync::watch::channel(false).0,
+        decode_budget: ocrctl::server::images::DecodeBudget::new(
+            profile.decode_memory_mb as u64 * 1024 * 1024,
+        ),
     });
     // The engine thread owns the model.
     let dir = a.model.clone();
@@ -153,11 +186,23 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                         max_batch: batch,
                         image_token_id,
                     };
-                    worker::run_worker(engine, prompter, shared);
+                    let s2 = shared.clone();
+                    worker::supervise(
+                        &shared,
+                        move || worker::run_worker(engine, prompter, s2),
+                        |why| {
+                            eprintln!("error: {why}; exiting so that a supervisor restarts the server");
+                            // Let the handlers send the failures of the requests in flight.
+                            std::thread::sleep(Duration::from_millis(300));
+                            std::process::exit(EXIT_ENGINE_DIED);
+                        },
+                    );
                 }
                 Err(e) => {
+                    // A server that can never answer must not look alive to a supervisor.
                     eprintln!("error: loading {}: {e}", dir.display());
                     worker::set_failed(&shared, format!("loading the model failed: {e}"));
+                    std::process::exit(EXIT_LOAD_FAILED);
                 }
             }
         })

@@ -42,6 +42,7 @@ use crate::generate::{
     argmax_and_top_k, log_sum_exp, merge_image_features, FinishReason, Generation, TokenLogprob,
 };
 use crate::sampling::{Sampler, SamplingParams};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use ndarray::{concatenate, Array2, Array4, Axis};
 
 /// One generation request.
@@ -164,6 +165,17 @@ fn empty_generation() -> Generation {
     }
 }
 
+/// The text of a caught panic's payload (`&str` or `String`), else a placeholder.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
+}
+
 /// Log-probability of token `id` under the softmax of `logits` (float64 accumulation).
 pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
     (logits[id as usize] as f64 - log_sum_exp(logits)) as f32
@@ -255,15 +267,33 @@ impl<B: Backend> Engine<B> {
         for mut a in batch.active.drain(..) {
             // Log-probabilities are of the raw distribution: read them before the sampler
             // applies penalties and temperature in place (only when the request asks).
-            let top = if a.req.top_logprobs > 0 {
-                argmax_and_top_k(&a.logits, a.req.top_logprobs).1
-            } else {
-                Vec::new()
+            // A panic while choosing one request's token (a bug, or logits a backend got
+            // wrong) fails that request only; the others and the engine go on.
+            let chosen = catch_unwind(AssertUnwindSafe(|| {
+                let top = if a.req.top_logprobs > 0 {
+                    argmax_and_top_k(&a.logits, a.req.top_logprobs).1
+                } else {
+                    Vec::new()
+                };
+                let raw = (a.req.logprobs || a.req.top_logprobs > 0)
+                    .then(|| (a.logits.clone(), log_sum_exp(&a.logits)));
+                let id = a.sampler.next(&mut a.logits, &a.out.token_ids);
+                let logprob = raw.map(|(l, lse)| (l[id as usize] as f64 - lse) as f32);
+                (id, logprob, top)
+            }));
+            let (id, logprob, top) = match chosen {
+                Ok(c) => c,
+                Err(panic) => {
+                    on_event(Event::Done {
+                        index: a.index,
+                        result: &Err(format!(
+                            "internal error while choosing a token: {}",
+                            panic_message(panic.as_ref())
+                        )),
+                    });
+                    continue;
+                }
             };
-            let raw = (a.req.logprobs || a.req.top_logprobs > 0)
-                .then(|| (a.logits.clone(), log_sum_exp(&a.logits)));
-            let id = a.sampler.next(&mut a.logits, &a.out.token_ids);
-            let logprob = raw.map(|(l, lse)| (l[id as usize] as f64 - lse) as f32);
             a.out.token_ids.push(id);
             let flow = on_event(Event::Token {
                 index: a.index,
@@ -500,6 +530,64 @@ mod tests {
         let r = e.run(vec![bad, req(vec![1, 99, 3], 3, 5)], &mut |_| {});
         assert!(r[0].as_ref().unwrap_err().contains("top_p"));
         assert_eq!(r[1].as_ref().unwrap().token_ids.len(), 3);
+    }
+
+    /// SumModel, but a prompt holding id 66 gets empty logits: the sampler's precondition
+    /// fails (a panic) for that request alone.
+    struct EmptyLogitsFor66(SumModel);
+
+    impl Backend for EmptyLogitsFor66 {
+        type Cache = u64;
+        fn hidden_size(&self) -> usize {
+            1
+        }
+        fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+            self.0.encode_image(p)
+        }
+        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+            self.0.embed(ids)
+        }
+        fn forward(
+            &mut self,
+            e: Array2<f32>,
+            cache: Option<u64>,
+        ) -> Result<(Vec<f32>, u64), BackendError> {
+            let poisoned = cache.is_none() && e.iter().any(|x| *x == 66.0);
+            let (l, c) = self.0.forward(e, cache)?;
+            Ok((if poisoned { Vec::new() } else { l }, c))
+        }
+        fn decode_batch(
+            &mut self,
+            tokens: &[u32],
+            caches: Vec<u64>,
+        ) -> Result<(Vec<Vec<f32>>, Vec<u64>), BackendError> {
+            self.0.decode_batch(tokens, caches)
+        }
+    }
+
+    #[test]
+    fn a_panic_while_sampling_fails_only_that_request() {
+        let mut e = Engine {
+            backend: EmptyLogitsFor66(SumModel {
+                vocab: 97,
+                max_batch_seen: 0,
+            }),
+            max_batch: 3,
+            image_token_id: 99,
+        };
+        let reqs = vec![
+            req(vec![1, 99, 2], 4, 5),
+            req(vec![66, 99, 2], 4, 5),
+            req(vec![1, 99, 3], 4, 5),
+        ];
+        let r = e.run(reqs, &mut |_| {});
+        let err = r[1].as_ref().unwrap_err();
+        assert!(err.contains("internal error while choosing a token"), "{err}");
+        assert_eq!(r[0].as_ref().unwrap().token_ids.len(), 4);
+        assert_eq!(r[2].as_ref().unwrap().token_ids.len(), 4);
+        // The engine still serves after the panic.
+        let again = e.run(vec![req(vec![1, 99, 2], 4, 5)], &mut |_| {});
+        assert_eq!(again[0].as_ref().unwrap().token_ids, r[0].as_ref().unwrap().token_ids);
     }
 }
 

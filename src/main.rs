@@ -14,6 +14,7 @@ mod cmd_export;
 mod cmd_ocr;
 mod cmd_profiles;
 mod cmd_serve;
+mod cmd_verify;
 mod ocr_output;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +44,8 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// Report the ONNX Runtime library, execution providers, GPUs and fitting profiles.
     Doctor(cmd_doctor::DoctorArgs),
+    /// Check every file of an export against the sha256 digests in its ocrctl.json.
+    Verify(cmd_verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Profiles(a) => cmd_profiles::run(a),
         Command::Doctor(a) => cmd_doctor::run(a),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Verify(a) => cmd_verify::run(a),
     };
     match result {
         Ok(code) => code,

@@ -226,7 +226,17 @@ fn write_md(path: &Path, pages: &[String]) -> std::io::Result<()> {
     }
     md.push('\n');
     let tmp = path.with_extension("md.partial");
-    std::fs::write(&tmp, md)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    // The data reaches the disk before the rename publishes it, and the rename before we
+    // report success: after a crash `--resume` sees either the whole file or none.
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, md.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    };
+    write().map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }

@@ -240,6 +240,10 @@ pub struct Profile {
     pub max_body_mb: u32,
     /// Requests waiting for a batch slot before new ones are refused (0: refuse when full).
     pub queue_size: u32,
+    /// Memory the server may spend decoding request images at once, MiB (a decode takes up
+    /// to 11 bytes a pixel; one larger than this runs alone). Default 1024.
+    #[serde(default = "default_decode_memory_mb")]
+    pub decode_memory_mb: u32,
     /// TensorRT EP settings (required when `providers` lists `tensorrt`).
     #[serde(default)]
     pub tensorrt: Option<TensorRtSection>,
@@ -252,6 +256,10 @@ pub struct Profile {
     /// Where the profile was read from (not part of the YAML).
     #[serde(skip)]
     pub source: ProfileSource,
+}
+
+fn default_decode_memory_mb() -> u32 {
+    1024
 }
 
 /// Whether an argument names a file rather than a profile.
@@ -579,6 +587,9 @@ impl Profile {
         }
         if self.max_images_per_request == 0 {
             return Err(self.invalid("max_images_per_request", "must be at least 1"));
+        }
+        if self.decode_memory_mb == 0 {
+            return Err(self.invalid("decode_memory_mb", "must be at least 1"));
         }
         if self.max_body_mb == 0 {
             return Err(self.invalid("max_body_mb", "must be at least 1"));

@@ -145,6 +145,8 @@ pub struct Prompter {
     image_token: String,
     image_token_id: u32,
     special_tokens: BTreeMap<String, String>,
+    /// See [`Prompter::max_token_bytes`]; computed on first use.
+    max_token_bytes: Arc<std::sync::OnceLock<usize>>,
 }
 
 impl fmt::Debug for Prompter {
@@ -242,6 +244,25 @@ impl Prompter {
             image_token,
             image_token_id,
             special_tokens,
+            max_token_bytes: Arc::default(),
+        })
+    }
+
+    /// An upper bound on the bytes of text one token can stand for: four times the longest
+    /// vocabulary entry in characters (byte-level vocabularies spell a byte as one character;
+    /// UTF-8 needs at most four bytes a character), at least 16. So a text of more than
+    /// `n · max_token_bytes()` bytes surely needs more than `n` tokens, and can be refused
+    /// before it is tokenised.
+    pub fn max_token_bytes(&self) -> usize {
+        *self.max_token_bytes.get_or_init(|| {
+            let longest = self
+                .tokenizer
+                .get_vocab(true)
+                .keys()
+                .map(|t| t.chars().count())
+                .max()
+                .unwrap_or(0);
+            (4 * longest).max(16)
         })
     }
 

@@ -45,6 +45,11 @@ use serde::Serialize;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Temperatures in `(0, MIN_TEMPERATURE)` sample as if they were `MIN_TEMPERATURE` (vLLM's
+/// floor, its `_MAX_TEMP`): the distribution is already greedy in practice, and smaller
+/// divisors only push logits towards overflow.
+pub const MIN_TEMPERATURE: f64 = 0.01;
+
 /// A sampling parameter of a request that is out of range or of the wrong type. Each
 /// variant names the request parameter at fault (see [`SamplingError::param`]).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -337,7 +342,37 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
     ids.dedup();
     for id in ids {
         if let Some(v) = logits.get_mut(id as usize) {
-            *v = if *v > 0.0 { *v / penalty } else { *v * penalty };
+            // In f64, then clamped into f32's finite range: a penalty near 0 (or near f32::MAX)
+            // must not turn a logit into ±inf, which would make every weight NaN downstream.
+            let x = *v as f64;
+            let y = if x > 0.0 {
+                x / penalty as f64
+            } else {
+                x * penalty as f64
+            };
+            *v = clamp_finite(y);
+        }
+    }
+}
+
+/// `x` as an `f32` in the finite range: ±inf (or anything beyond f32) becomes ±`f32::MAX`,
+/// NaN becomes `-inf` (the token is impossible).
+fn clamp_finite(x: f64) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        x.clamp(f32::MIN as f64, f32::MAX as f64) as f32
+    }
+}
+
+/// Makes logits safe to sample from: NaN → `-inf` (impossible), `+inf` (an fp16 overflow
+/// in the decoder's output, say) → `f32::MAX`. `-inf` stays: it already means impossible.
+fn sanitize(logits: &mut [f32]) {
+    for v in logits.iter_mut() {
+        if v.is_nan() {
+            *v = f32::NEG_INFINITY;
+        } else if *v == f32::INFINITY {
+            *v = f32::MAX;
         }
     }
 }
@@ -490,6 +525,7 @@ impl Sampler {
     /// The chosen id, and its log-probability when sampling computed it anyway.
     fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> (u32, Option<f64>) {
         assert!(!logits.is_empty(), "Sampler::next: empty logits");
+        sanitize(logits);
         apply_repetition_penalty(logits, history, self.params.repetition_penalty);
         if self.params.is_greedy() {
             return (argmax(logits) as u32, None);
@@ -500,11 +536,6 @@ impl Sampler {
 
     /// Temperature, top-k, top-p and one draw; returns the id and its log-probability.
     fn sample(&mut self, logits: &mut [f32]) -> (u32, f64) {
-        for v in logits.iter_mut() {
-            if v.is_nan() {
-                *v = f32::NEG_INFINITY;
-            }
-        }
         let n = logits.len();
         let k = self.params.top_k;
         if k > 0 && k < n {
@@ -527,7 +558,9 @@ impl Sampler {
             return (0, 0.0);
         }
         // exp((l - max) / T) in f64: no overflow however small the temperature.
-        let t = self.params.temperature as f64;
+        // vLLM's floor: below 0.01 the distribution is greedy for any practical purpose and
+        // dividing by the temperature only risks overflow.
+        let t = (self.params.temperature as f64).max(MIN_TEMPERATURE);
         let max64 = max as f64;
         let weight = |v: f32| ((v as f64 - max64) / t).exp();
         self.cands.clear();
@@ -550,13 +583,22 @@ impl Sampler {
             self.cands.len()
         };
         for v in logits.iter_mut() {
-            *v /= self.params.temperature;
+            if *v != f32::NEG_INFINITY {
+                *v = clamp_finite(*v as f64 / t);
+            }
         }
         let cands = &self.cands[..kept];
         let mass: f64 = cands.iter().map(|(w, _)| w).sum();
+        // The largest logit has weight exp(0) = 1 and finite logits (see `sanitize`) give
+        // finite weights, so `cands` is never empty and `mass` is finite and >= 1; the
+        // argmax fallback only guards that reasoning.
+        let Some(&last) = cands.last().filter(|_| mass.is_finite() && mass > 0.0) else {
+            let id = argmax(logits);
+            return (id as u32, 0.0);
+        };
         let u = self.rng.next_f64() * mass;
         let mut acc = 0.0;
-        let mut chosen = cands[cands.len() - 1];
+        let mut chosen = last;
         for &c in cands {
             acc += c.0;
             if u < acc {
@@ -835,6 +877,102 @@ mod tests {
         // A tiny temperature would overflow l / T in f32: the largest still wins.
         let mut s = sampler(1e-38, 1.0, 0, 0);
         assert_eq!(s.next(&mut [1.0, 5.0, 4.0], &[]), 1);
+    }
+
+    /// Issue 10.1: a repetition penalty near 0 divided positive logits to +inf, every
+    /// weight became NaN and the candidate list was empty: the engine thread panicked.
+    #[test]
+    fn repetition_penalty_at_its_extremes_never_breaks_sampling() {
+        for penalty in [1e-45f32, 1e-38, f32::MIN_POSITIVE, 1e-3, 1e3, 1e38, f32::MAX] {
+            for temperature in [0.0f32, 0.2, 1.0] {
+                let mut s = Sampler::new(SamplingParams {
+                    temperature,
+                    top_p: 0.9,
+                    top_k: 50,
+                    repetition_penalty: penalty,
+                    seed: Some(3),
+                    loop_guard: None,
+                })
+                .unwrap();
+                let mut l = logits(300, 11);
+                let history: Vec<u32> = (0..300).step_by(3).collect();
+                let t = s.next_with_logprob(&mut l, &history);
+                assert!((t.id as usize) < 300, "penalty {penalty} t {temperature}");
+                assert!(t.logprob.is_finite() && t.logprob <= 0.0, "{penalty}: {t:?}");
+                assert!(l.iter().all(|v| !v.is_nan()), "processed logits hold NaN");
+            }
+        }
+    }
+
+    /// Logits of an fp16 decoder can overflow to ±inf: they are sampled like huge values.
+    #[test]
+    fn infinite_logits_are_sampled_safely() {
+        for temperature in [0.0f32, 0.2, 1.0] {
+            let mut s = sampler(temperature, 0.95, 0, 1);
+            let mut l = [1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 2.0];
+            let t = s.next_with_logprob(&mut l, &[]);
+            assert_eq!(t.id, 1, "t {temperature}");
+            assert!(t.logprob.is_finite(), "{t:?}");
+            // Two overflowed logits share the mass; neither NaN nor a panic.
+            let mut l = [f32::INFINITY, f32::INFINITY, 0.0];
+            let t = s.next_with_logprob(&mut l, &[0, 1]);
+            assert!(t.id < 2 && t.logprob.is_finite(), "{t:?}");
+        }
+    }
+
+    /// Property: no combination of parameters that `validate` accepts, on logits holding
+    /// any mix of ordinary, huge, infinite and NaN values, makes the sampler panic, choose
+    /// an id outside the vocabulary or report a NaN log-probability. (A seeded generator
+    /// instead of the proptest crate: one more compile-heavy test dependency for one loop.)
+    #[test]
+    fn no_valid_parameters_make_the_sampler_panic_or_emit_nan() {
+        let mut r = Xoshiro256::from_seed(2026);
+        let pick = |r: &mut Xoshiro256, xs: &[f32]| xs[(r.next_u64() % xs.len() as u64) as usize];
+        let specials = [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN,
+            65504.0,
+            -65504.0,
+            0.0,
+            1e-45,
+        ];
+        for case in 0..4000 {
+            let n = 1 + (r.next_u64() % 64) as usize;
+            let temperature = pick(&mut r, &[0.0, 1e-38, 1e-3, 0.01, 0.2, 1.0, 7.5, 1e30, f32::MAX]);
+            let top_p = pick(&mut r, &[1e-38, 1e-6, 0.5, 0.9, 0.999_999, 1.0]);
+            let top_k = (r.next_u64() % (n as u64 + 3)) as usize;
+            let repetition_penalty =
+                pick(&mut r, &[1e-45, 1e-38, 1e-6, 0.5, 1.0, 1.3, 1e6, 1e38, f32::MAX]);
+            let params = SamplingParams {
+                temperature,
+                top_p,
+                top_k,
+                repetition_penalty,
+                seed: Some(case),
+                loop_guard: None,
+            };
+            params.validate().expect("generated within the bounds");
+            let mut s = Sampler::new(params.clone()).unwrap();
+            let mut l: Vec<f32> = (0..n)
+                .map(|_| {
+                    if r.next_u64() % 4 == 0 {
+                        pick(&mut r, &specials)
+                    } else {
+                        (r.next_f64() * 40.0 - 20.0) as f32
+                    }
+                })
+                .collect();
+            let history: Vec<u32> = (0..(r.next_u64() % 8))
+                .map(|_| (r.next_u64() % (n as u64 + 2)) as u32)
+                .collect();
+            let t = s.next_with_logprob(&mut l, &history);
+            assert!((t.id as usize) < n, "case {case} {params:?}");
+            assert!(!t.logprob.is_nan(), "case {case} {params:?}: {t:?}");
+            assert!(l.iter().all(|v| !v.is_nan()), "case {case} {params:?}");
+        }
     }
 
     #[test]

@@ -145,7 +145,8 @@ fn existing_output_is_refused_without_force_and_kept_intact() {
         "mine"
     );
 
-    ocrctl_ok(&[
+    // --force replaces only an earlier export, never the user's own directory.
+    let e = ocrctl_err(&[
         "export",
         "--checkpoint",
         checkpoint().to_str().unwrap(),
@@ -153,7 +154,20 @@ fn existing_output_is_refused_without_force_and_kept_intact() {
         out.to_str().unwrap(),
         "--force",
     ]);
-    assert!(!out.join("keep.txt").exists() && out.join("ocrctl.json").is_file());
+    assert!(e.contains("not an ocrctl export"), "{e}");
+    assert_eq!(std::fs::read_to_string(out.join("keep.txt")).unwrap(), "mine");
+    let model = d.path().join("model");
+    for _ in 0..2 {
+        ocrctl_ok(&[
+            "export",
+            "--checkpoint",
+            checkpoint().to_str().unwrap(),
+            "--out",
+            model.to_str().unwrap(),
+            "--force",
+        ]);
+    }
+    assert!(model.join("ocrctl.json").is_file());
 }
 
 #[test]

@@ -119,6 +119,7 @@ fn fake_export(dir: &Path, precisions: &[Precision], target: Target) {
         awq: None,
         model: full_size_config(),
         graphs,
+        files: vec![],
     };
     std::fs::write(
         dir.join("ocrctl.json"),

@@ -555,39 +555,17 @@ fn models_health_and_a_model_that_fails_to_load() {
     assert_eq!(v["data"][0]["id"], "lightonocr-tiny");
     assert_eq!(v["data"][0]["max_model_len"], 4096);
     drop(s);
-    // fp16 graphs exist but int4 do not: the server runs, /health says why it is not ready.
+    // fp16 graphs exist but int4 do not: a server that can never answer exits non-zero
+    // with the reason (issue 12.2), so that a supervisor sees it instead of a 503 for ever.
     let profile = test_profile(dir.path(), 1, 4, 2);
-    let s = Server::start(
-        common::exported(),
-        &[
-            "--profile",
-            profile.to_str().unwrap(),
-            "--precision",
-            "int4",
-        ],
-        false,
-    );
-    let t = std::time::Instant::now();
-    let r = loop {
-        let r = s.get("/health").unwrap();
-        if r.json()["status"] == "failed" || t.elapsed().as_secs() > 30 {
-            break r;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert_eq!(r.status, 503);
-    assert!(
-        r.json()["error"].as_str().unwrap().contains("int4"),
-        "{}",
-        r.text()
-    );
-    let png = std::fs::read(image("aligned.png")).unwrap();
-    let r = s.post_json("/v1/chat/completions", &chat_body(&png, "image/png", 4));
-    assert_eq!(r.status, 503);
-    assert!(r.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("loading the model failed"));
+    let out = Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+        .args(["serve", "--model", common::exported().to_str().unwrap(), "--port", "0"])
+        .args(["--profile", profile.to_str().unwrap(), "--precision", "int4"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("int4") && err.contains("was not exported"), "{err}");
 }
 
 #[test]

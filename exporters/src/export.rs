@@ -13,7 +13,6 @@ use crate::{decoder, embed, vision, ExportError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Opset of the default ONNX domain in every exported graph.
@@ -223,6 +222,11 @@ pub struct Manifest {
     pub model: ModelConfig,
     /// precision → part (`vision_encoder`, `embed_tokens`, `decoder_model_merged`) → graph.
     pub graphs: BTreeMap<Precision, BTreeMap<String, GraphInfo>>,
+    /// Size and sha256 of every file the export wrote but this manifest (names relative to
+    /// the export, `/`-separated), checked before loading (see [`crate::verify`]). Empty
+    /// in exports made before it was recorded.
+    #[serde(default)]
+    pub files: Vec<SourceFile>,
 }
 
 impl Manifest {
@@ -236,27 +240,40 @@ impl Manifest {
 }
 
 fn sha256_file(path: &Path) -> Result<SourceFile, ExportError> {
-    let mut f = std::fs::File::open(path).map_err(|e| ExportError::io(path, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(|e| ExportError::io(path, e))?;
-        if n == 0 {
-            break;
+    let name = path
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    crate::verify::digest_file(path, name)
+}
+
+/// Removes `.NAME.partial-PID` directories next to `out` left by exports whose process is
+/// gone (killed mid-way: nothing else would ever remove their gigabytes).
+fn remove_stale_partials(parent: &Path, name: &str) {
+    let prefix = format!(".{name}.partial-");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file_name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file_name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !process_alive(pid) {
+            let _ = std::fs::remove_dir_all(e.path());
         }
-        bytes += n as u64;
-        h.update(&buf[..n]);
     }
-    Ok(SourceFile {
-        name: path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned(),
-        bytes,
-        sha256: format!("{:x}", h.finalize()),
-    })
+}
+
+/// Whether process `pid` still runs (Linux: `/proc/PID`; elsewhere assume it does).
+fn process_alive(pid: u32) -> bool {
+    if Path::new("/proc/self").exists() {
+        Path::new(&format!("/proc/{pid}")).exists()
+    } else {
+        true
+    }
 }
 
 /// Removes the temporary directory unless the export completed.
@@ -284,6 +301,14 @@ pub fn export(
             opts.out.display()
         )));
     }
+    // --force replaces an earlier export, never some other directory (or a file).
+    if opts.out.exists() && !opts.out.join(MANIFEST).is_file() {
+        return Err(ExportError::Invalid(format!(
+            "{}: exists and is not an ocrctl export (it has no {MANIFEST}); --force only \
+             replaces an earlier export: choose another --out or remove it yourself",
+            opts.out.display()
+        )));
+    }
     let parent = opts
         .out
         .parent()
@@ -296,6 +321,7 @@ pub fn export(
             opts.out.display()
         ))
     })?;
+    remove_stale_partials(parent, &name.to_string_lossy());
     let tmp_path = parent.join(format!(
         ".{}.partial-{}",
         name.to_string_lossy(),
@@ -443,6 +469,7 @@ pub fn export(
         awq: awq_plan.map(|p| p.choices),
         model: cfg,
         graphs,
+        files: crate::verify::digest_tree(&tmp_path, MANIFEST)?,
     };
     let mpath = tmp_path.join(MANIFEST);
     let text = serde_json::to_string_pretty(&manifest).expect("manifest serialises");

@@ -30,6 +30,7 @@ pub mod graph;
 pub mod layers;
 pub mod proto;
 pub mod quant;
+pub mod verify;
 pub mod vision;
 
 use std::path::{Path, PathBuf};

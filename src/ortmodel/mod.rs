@@ -47,6 +47,8 @@ pub struct LoadOptions {
     pub accuracy_level: u8,
     /// Execution providers to use, in order (default: CPU only).
     pub providers: ProviderConfig,
+    /// Check the files this load reads against the export's sha256 digests first.
+    pub verify: bool,
 }
 
 impl LoadOptions {
@@ -58,6 +60,7 @@ impl LoadOptions {
             ort_lib: None,
             accuracy_level: 4,
             providers: ProviderConfig::default(),
+            verify: true,
         }
     }
 }
@@ -116,6 +119,34 @@ pub fn write_optimized_graph(
     session::build(&env, model, opts, Some(optimized)).map(|_| ())
 }
 
+/// Checks the files a load of `precision` reads (all but other precisions' graphs) against
+/// the digests in the manifest, and says how long it took.
+fn verify_files(dir: &Path, manifest: &Manifest, precision: Precision) -> Result<(), LoadError> {
+    if manifest.files.is_empty() {
+        eprintln!(
+            "ocrctl: {} records no file digests (exported by an older ocrctl); not verified",
+            dir.join(MANIFEST_NAME).display()
+        );
+        return Ok(());
+    }
+    let others: std::collections::HashSet<String> = manifest
+        .graphs
+        .iter()
+        .filter(|(p, _)| **p != precision)
+        .flat_map(|(_, parts)| parts.values())
+        .flat_map(|g| std::iter::once(&g.file).chain(g.data_file.as_ref()))
+        .map(|f| format!("onnx/{f}"))
+        .collect();
+    let r = ocrctl_exporters::verify::verify(dir, &manifest.files, |n| !others.contains(n))?;
+    eprintln!(
+        "ocrctl: verified {} files ({:.1} MiB) in {:.2} s (--no-verify skips this)",
+        r.files,
+        r.bytes as f64 / (1024.0 * 1024.0),
+        r.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
 /// `past_key_values.{i}.key|value` or `present.{i}.key|value` in layer order.
 fn kv_names(prefix: &str, layers: usize) -> Vec<String> {
     (0..layers)
@@ -141,6 +172,9 @@ impl OrtModel {
                         .collect::<Vec<_>>()
                         .join(", "),
                 })?;
+        if opts.verify {
+            verify_files(dir, &manifest, opts.precision)?;
+        }
         let (_, env) = crate::ortlib::environment(opts.ort_lib.as_deref())?;
         match crate::providers::usable(&opts.providers) {
             Ok((_, notes)) => notes.iter().for_each(|n| eprintln!("ocrctl: {n}")),

@@ -17,9 +17,24 @@ pub enum ApiError {
     /// Missing or wrong API key (401).
     #[error("{0}")]
     Unauthorized(String),
+    /// A Host header this server does not answer to (403; DNS-rebinding guard).
+    #[error("{0}")]
+    Forbidden(String),
     /// Unknown route or model (404).
     #[error("{0}")]
     NotFound(String),
+    /// A route asked with a method it does not take (405).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// The body did not arrive in time (408).
+    #[error("{0}")]
+    BodyTimeout(String),
+    /// A JSON route sent something other than `application/json` (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The request's headers are larger than the server takes (431).
+    #[error("request headers are larger than the limit of {limit_kib} KiB")]
+    HeadersTooLarge { limit_kib: usize },
     /// The body is larger than the profile's `max_body_mb` (413).
     #[error("request body is larger than the limit of {limit_mb} MiB (max_body_mb)")]
     TooLarge { limit_mb: u64 },
@@ -59,7 +74,12 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -73,7 +93,14 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => ("invalid_request_error", "invalid_value"),
             ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
+            ApiError::Forbidden(_) => ("invalid_request_error", "host_not_allowed"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::MethodNotAllowed(_) => ("invalid_request_error", "method_not_allowed"),
+            ApiError::BodyTimeout(_) => ("invalid_request_error", "body_timeout"),
+            ApiError::UnsupportedMediaType(_) => {
+                ("invalid_request_error", "unsupported_media_type")
+            }
+            ApiError::HeadersTooLarge { .. } => ("invalid_request_error", "headers_too_large"),
             ApiError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ApiError::QueueFull { .. } => ("rate_limit_error", "queue_full"),
             ApiError::Unavailable(_) => ("server_error", "unavailable"),

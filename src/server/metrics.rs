@@ -104,6 +104,9 @@ pub struct Gauges {
     pub gpu_memory_bytes: Option<u64>,
     /// Resident host memory, bytes.
     pub rss_bytes: Option<u64>,
+    /// Bytes of images being decoded now, and the most ever at once (see `DecodeBudget`).
+    pub decode_bytes: u64,
+    pub decode_peak_bytes: u64,
 }
 
 impl Metrics {
@@ -192,6 +195,18 @@ impl Metrics {
             "ocrctl_request_duration_seconds",
             "From request accepted to its last token.",
         );
+        gauge(
+            &mut out,
+            "ocrctl_image_decode_bytes",
+            "Estimated bytes of request images being decoded now.",
+            g.decode_bytes as f64,
+        );
+        gauge(
+            &mut out,
+            "ocrctl_image_decode_peak_bytes",
+            "Most estimated bytes of request images ever decoded at once.",
+            g.decode_peak_bytes as f64,
+        );
         if let Some(b) = g.gpu_memory_bytes {
             gauge(
                 &mut out,
@@ -237,7 +252,10 @@ mod tests {
             ready: true,
             gpu_memory_bytes: None,
             rss_bytes: Some(10),
+            decode_bytes: 0,
+            decode_peak_bytes: 7,
         });
+        assert!(text.contains("ocrctl_image_decode_peak_bytes 7\n"));
         assert!(
             text.contains("ocrctl_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2")
         );

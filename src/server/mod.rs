@@ -11,11 +11,13 @@
 //! ```
 
 pub mod error;
+pub mod front;
 pub mod images;
 pub mod metrics;
 pub mod openai;
 mod page;
 mod routes;
+pub mod stops;
 pub mod worker;
 
 use crate::preprocess::PreprocessConfig;
@@ -54,6 +56,8 @@ pub struct ServerConfig {
     pub stop_ids: Vec<u32>,
     /// Unix time the server started (OpenAI's `created` of the model).
     pub created: u64,
+    /// Connection limits, timeouts and the hosts a key-less server answers to.
+    pub front: front::FrontLimits,
 }
 
 /// Everything handlers share.
@@ -66,6 +70,11 @@ pub struct AppState {
     pub stopping: AtomicBool,
     /// GPU memory probe for `/metrics` (None on CPU-only servers).
     pub gpu_memory: Option<fn() -> Option<u64>>,
+    /// Turns true when the shutdown grace period is over: streams still running end with
+    /// an error event (and `[DONE]`) instead of being cut mid-way.
+    pub cut: tokio::sync::watch::Sender<bool>,
+    /// Bounds the memory of images being decoded at once (see [`images::DecodeBudget`]).
+    pub decode_budget: images::DecodeBudget,
 }
 
 impl AppState {
@@ -105,12 +114,14 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
         if req.uri().path().starts_with("/v1/") {
+            // The auth scheme is case-insensitive (RFC 7235 §2.1).
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim);
+                .and_then(|v| v.trim_start().split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, key)| key.trim());
             match given {
                 None => {
                     return ApiError::Unauthorized(
@@ -161,49 +172,28 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/ocr", post(routes::ocr))
         .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(st.clone(), front::guard))
         .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
         .layer(axum::middleware::from_fn_with_state(st.clone(), count))
         .with_state(st)
 }
 
 /// Serves on `listener` until SIGTERM/SIGINT, then stops accepting, lets running requests
-/// finish for at most `grace`, and returns.
+/// finish for at most `grace`, ends the streams still running with an error event, and
+/// returns. Connection limits and timeouts: [`front`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     st: Arc<AppState>,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let signalled = {
-        let st = st.clone();
-        let stop = stop.clone();
-        async move {
-            shutdown_signal().await;
-            st.stopping.store(true, Ordering::Relaxed);
-            eprintln!(
-                "ocrctl serve: shutting down, finishing running requests (at most {} s)",
-                grace.as_secs()
-            );
-            stop.notify_waiters();
-        }
-    };
-    let app = router(st);
-    let server = axum::serve(listener, app).with_graceful_shutdown(signalled);
-    let bound = async {
-        stop.notified().await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        r = server => r,
-        _ = bound => {
-            eprintln!("ocrctl serve: grace period over, exiting with requests still running");
-            Ok(())
-        }
-    }
+    let app = router(st.clone());
+    let (_never, stop) = tokio::sync::watch::channel(false);
+    front::serve(listener, app, st, grace, stop).await
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

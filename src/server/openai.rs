@@ -12,6 +12,9 @@ use serde_json::{json, Map, Value};
 
 /// Most stop strings one request may give (OpenAI allows 4; vLLM more).
 pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes. Matching costs only the new text per token whatever the
+/// length (see [`super::stops`]); the bound keeps a request's memory small.
+pub const MAX_STOP_BYTES: usize = 1024;
 /// Largest `top_logprobs` (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Most messages in one request.
@@ -198,6 +201,27 @@ fn content(v: &Value, at: &str, images: &mut Vec<ImageSource>) -> Result<Value, 
     }
 }
 
+/// Bytes of text in parsed `messages` (string contents and text parts), to bound the work
+/// before tokenising.
+pub fn text_bytes(messages: &Value) -> usize {
+    let text_of = |c: &Value| match c {
+        Value::String(s) => s.len(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .map(str::len)
+            .sum(),
+        _ => 0,
+    };
+    messages
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("content"))
+        .map(text_of)
+        .sum()
+}
+
 /// Parses a `/v1/chat/completions` body.
 pub fn parse_chat(body: &[u8]) -> Result<ChatParams, ApiError> {
     let v: Value = serde_json::from_slice(body)
@@ -296,6 +320,15 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatParams, ApiError> {
         return Err(ApiError::bad(
             "stop",
             format!("at most {MAX_STOP_STRINGS} non-empty stop strings"),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad(
+            "stop",
+            format!(
+                "a stop string has {} bytes; at most {MAX_STOP_BYTES} are allowed",
+                long.len()
+            ),
         ));
     }
     let top_logprobs = count(&obj, "top_logprobs")?.unwrap_or(0) as usize;

@@ -21,10 +21,11 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::watch;
 
 type St = State<Arc<AppState>>;
 
@@ -82,6 +83,8 @@ pub async fn metrics(State(st): St) -> Response {
         ready: st.shared.state() == ModelState::Ready,
         gpu_memory_bytes: gpu,
         rss_bytes: rss_bytes(),
+        decode_bytes: st.decode_budget.in_use(),
+        decode_peak_bytes: st.decode_budget.peak(),
     });
     (
         [(
@@ -105,6 +108,59 @@ pub async fn models(State(st): St) -> Json<Value> {
             "max_model_len": st.cfg.max_sequence_length,
         }]
     }))
+}
+
+/// A known route asked with another method: 405 in OpenAI's error shape.
+pub async fn method_not_allowed(req: axum::extract::Request) -> ApiError {
+    ApiError::MethodNotAllowed(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+/// Turns false when dropped. A handler's future is dropped when its client disconnects, so
+/// blocking work started for the request checks the flag and stops early (issue 10.2).
+struct ClientAlive(Arc<AtomicBool>);
+
+impl ClientAlive {
+    fn new() -> ClientAlive {
+        ClientAlive(Arc::new(AtomicBool::new(true)))
+    }
+
+    fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for ClientAlive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+fn client_gone() -> ApiError {
+    ApiError::invalid("the client went away")
+}
+
+/// Refuses `bytes` of prompt text before tokenising when they surely need more tokens than
+/// a sequence may hold (see [`crate::prompt::Prompter::max_token_bytes`]).
+fn check_text_bytes(st: &AppState, bytes: usize, param: &str) -> Result<(), ApiError> {
+    let limit = st
+        .cfg
+        .max_sequence_length
+        .saturating_mul(st.prompter.max_token_bytes());
+    if bytes > limit {
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "the prompt text has {bytes} bytes, more than the {limit} that can fit in \
+                 {} tokens (max_sequence_length)",
+                st.cfg.max_sequence_length
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Unknown routes: 404 in OpenAI's error shape.
@@ -249,6 +305,7 @@ pub async fn chat(
     let body = body.map_err(|e| body_error(e.status(), &st, e.body_text()))?;
     let mut p = openai::parse_chat(&body)?;
     drop(body);
+    check_text_bytes(&st, openai::text_bytes(&p.messages), "messages")?;
     st.ready()?;
     if let Some(m) = &p.model {
         if m != &st.cfg.model_name {
@@ -279,13 +336,24 @@ pub async fn chat(
     .await?;
     let st2 = st.clone();
     let messages = std::mem::take(&mut p.messages);
+    let client = ClientAlive::new();
+    let alive = client.flag();
     let (prompt_ids, pixels) = tokio::task::spawn_blocking(move || {
+        let is_alive = || alive.load(Ordering::Relaxed);
         let mut pixels = Vec::with_capacity(raw.len());
         let mut counts = Vec::with_capacity(raw.len());
         for (bytes, param) in &raw {
+            let cost = images::decode_cost(bytes, 1);
+            let _permit = st2
+                .decode_budget
+                .acquire(cost, &is_alive)
+                .ok_or_else(client_gone)?;
             let pre = images::prepare_image(bytes, param, st2.cfg.max_pixels, &st2.pre)?;
             counts.push(pre.num_image_tokens);
             pixels.push(pre.pixel_values);
+        }
+        if !is_alive() {
+            return Err(client_gone());
         }
         let ids = st2
             .prompter
@@ -308,6 +376,7 @@ pub async fn chat(
     if p.stream {
         return Ok(sse(
             rx,
+            st.cut.subscribe(),
             id,
             created,
             st.cfg.model_name.clone(),
@@ -316,7 +385,8 @@ pub async fn chat(
         )
         .into_response());
     }
-    let c = collect(rx).await?;
+    let c = collect(rx, st.cut.subscribe()).await?;
+    drop(client);
     let usage = openai::usage(prompt_tokens, c.completion_tokens);
     Ok(Json(openai::completion(
         &id,
@@ -340,10 +410,31 @@ struct Collected {
     completion_tokens: usize,
 }
 
-async fn collect(mut rx: UnboundedReceiver<JobEvent>) -> Result<Collected, ApiError> {
+/// The error of a request still running when the shutdown grace period ends.
+fn cut_error() -> ApiError {
+    ApiError::Unavailable(
+        "the server shut down before this request finished (--shutdown-timeout)".into(),
+    )
+}
+
+/// The next event of a job, or its failure when the server's grace period ended first.
+async fn next_event(
+    rx: &mut UnboundedReceiver<JobEvent>,
+    cut: &mut watch::Receiver<bool>,
+) -> Option<JobEvent> {
+    tokio::select! {
+        ev = rx.recv() => ev,
+        _ = cut.wait_for(|c| *c) => Some(JobEvent::Failed(cut_error())),
+    }
+}
+
+async fn collect(
+    mut rx: UnboundedReceiver<JobEvent>,
+    mut cut: watch::Receiver<bool>,
+) -> Result<Collected, ApiError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
-    while let Some(ev) = rx.recv().await {
+    while let Some(ev) = next_event(&mut rx, &mut cut).await {
         match ev {
             JobEvent::Delta {
                 text: t,
@@ -378,9 +469,11 @@ fn data(v: &Value) -> SseEvent {
 }
 
 /// The SSE stream of a chat completion: a role chunk, content deltas, a finish chunk with
-/// usage, `[DONE]`; a failure becomes an `{"error": …}` event before `[DONE]`.
+/// usage, `[DONE]`; a failure (the server's shutdown deadline too) becomes an
+/// `{"error": …}` event before `[DONE]`.
 fn sse(
     rx: UnboundedReceiver<JobEvent>,
+    cut: watch::Receiver<bool>,
     id: String,
     created: u64,
     model: String,
@@ -397,11 +490,11 @@ fn sse(
         None,
     );
     let head = stream::iter(vec![Ok(data(&first))]);
-    let body = stream::unfold(Some(rx), move |rx| {
+    let body = stream::unfold(Some((rx, cut)), move |state| {
         let (id, model) = (id.clone(), model.clone());
         async move {
-            let mut rx = rx?;
-            let events = match rx.recv().await {
+            let (mut rx, mut cut) = state?;
+            let events = match next_event(&mut rx, &mut cut).await {
                 Some(JobEvent::Delta { text, logprobs }) => {
                     let lp = want_logprobs.then_some(logprobs);
                     let c = openai::chunk(
@@ -413,7 +506,7 @@ fn sse(
                         None,
                         None,
                     );
-                    return Some((vec![Ok(data(&c))], Some(rx)));
+                    return Some((vec![Ok(data(&c))], Some((rx, cut))));
                 }
                 Some(JobEvent::Done {
                     finish_reason,
@@ -511,6 +604,12 @@ pub async fn ocr(
             .map_err(|e| body_error(e.status(), &st, e.body_text()))?;
         let text = || String::from_utf8_lossy(&bytes).to_string();
         match name.as_str() {
+            "file" if file.is_some() => {
+                return Err(ApiError::bad(
+                    "file",
+                    "more than one `file` field; send one document per request",
+                ))
+            }
             "file" => file = Some((fname.unwrap_or_else(|| "upload".into()), bytes.clone())),
             "max_tokens" => o.max_tokens = Some(field_num(&name, &text())?),
             "temperature" => o.temperature = Some(field_num(&name, &text())?),
@@ -535,14 +634,26 @@ pub async fn ocr(
             format!("{name}: the upload is empty"),
         ));
     }
+    check_text_bytes(&st, prompt.as_ref().map_or(0, String::len), "prompt")?;
     st.ready()?;
     let max_tokens = o.max_tokens(&st)?;
     let params = o.sampling(&st.cfg.defaults)?;
     let st2 = st.clone();
+    let client = ClientAlive::new();
+    let alive = client.flag();
     let pages = tokio::task::spawn_blocking(move || {
+        let is_alive = || alive.load(Ordering::Relaxed);
+        let cost = images::decode_cost(&bytes, st2.cfg.max_images);
+        let _permit = st2
+            .decode_budget
+            .acquire(cost, &is_alive)
+            .ok_or_else(client_gone)?;
         let pages = images::document_pages(&bytes, &name, st2.cfg.max_pixels, st2.cfg.max_images)?;
         let mut out = Vec::with_capacity(pages.len());
         for img in pages {
+            if !is_alive() {
+                return Err(client_gone());
+            }
             let pre = crate::preprocess::preprocess(&img, &st2.pre);
             let ids = st2
                 .prompter
@@ -576,14 +687,17 @@ pub async fn ocr(
     }
     st.shared.submit_all(jobs)?;
     if q.stream {
+        let cut = st.cut.subscribe();
         let s = stream::iter(rxs.into_iter().enumerate())
-            .then(|(i, rx)| async move {
+            .then(move |(i, rx)| {
+                let cut = cut.clone();
+                async move {
                 let sep = (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(i + 1))));
-                let page = stream::unfold(Some(rx), |rx| async move {
-                    let mut rx = rx?;
-                    match rx.recv().await {
+                let page = stream::unfold(Some((rx, cut)), |state| async move {
+                    let (mut rx, mut cut) = state?;
+                    match next_event(&mut rx, &mut cut).await {
                         Some(JobEvent::Delta { text, .. }) => {
-                            Some((Ok(Bytes::from(text)), Some(rx)))
+                            Some((Ok(Bytes::from(text)), Some((rx, cut))))
                         }
                         Some(JobEvent::Failed(e)) => {
                             Some((Ok(Bytes::from(format!("\n\n[error: {e}]\n"))), None))
@@ -592,6 +706,7 @@ pub async fn ocr(
                     }
                 });
                 stream::iter(sep).chain(page)
+                }
             })
             .flatten();
         return Ok((
@@ -604,7 +719,7 @@ pub async fn ocr(
     let mut pages_json = Vec::with_capacity(rxs.len());
     let mut completion = 0;
     for (i, rx) in rxs.into_iter().enumerate() {
-        let c = collect(rx).await?;
+        let c = collect(rx, st.cut.subscribe()).await?;
         completion += c.completion_tokens;
         pages_json.push(json!({"page": i + 1, "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
         texts.push(c.text);

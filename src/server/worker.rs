@@ -8,6 +8,7 @@
 
 use super::error::ApiError;
 use super::metrics::Metrics;
+use super::stops::StopMatcher;
 use crate::backend::Backend;
 use crate::engine::{Batch, Engine, Event, Flow, GenRequest};
 use crate::generate::FinishReason;
@@ -180,7 +181,7 @@ struct Running {
     text: String,
     /// Bytes of `text` already sent.
     sent: usize,
-    stop: Vec<String>,
+    stop: StopMatcher,
     stop_hit: Option<String>,
     want_logprobs: bool,
     pending_logprobs: Vec<Value>,
@@ -191,41 +192,13 @@ struct Running {
 }
 
 impl Running {
-    /// Longest suffix of `text` that could still grow into a stop string.
-    fn held_back(&self) -> usize {
-        let mut held = 0;
-        for s in &self.stop {
-            for k in (1..s.len()).rev() {
-                if k > held && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
-                    held = k;
-                    break;
-                }
-            }
-        }
-        held
-    }
-
-    /// Appends a decoded piece; returns true when a stop string matched.
+    /// Appends a decoded piece; returns true when a stop string matched (the text is then
+    /// cut where it starts). Work is proportional to the piece, not to the stop strings.
     fn push_text(&mut self, piece: &str) -> bool {
-        let from = self
-            .text
-            .len()
-            .saturating_sub(self.stop.iter().map(String::len).max().unwrap_or(0));
+        let offset = self.text.len();
         self.text.push_str(piece);
-        let mut hit: Option<(usize, &String)> = None;
-        for s in &self.stop {
-            let start = (from..=self.text.len())
-                .find(|i| self.text.is_char_boundary(*i))
-                .unwrap_or(self.text.len());
-            if let Some(p) = self.text[start..].find(s.as_str()) {
-                let at = start + p;
-                if hit.is_none_or(|(h, _)| at < h) {
-                    hit = Some((at, s));
-                }
-            }
-        }
-        if let Some((at, s)) = hit {
-            self.stop_hit = Some(s.clone());
+        if let Some((at, i)) = self.stop.push(offset, piece) {
+            self.stop_hit = Some(self.stop.stop(i).to_string());
             self.text.truncate(at.max(self.sent));
             return true;
         }
@@ -237,7 +210,7 @@ impl Running {
         let end = if final_ {
             self.text.len()
         } else {
-            self.text.len() - self.held_back()
+            self.text.len() - self.stop.held_back()
         };
         if end <= self.sent && self.pending_logprobs.is_empty() {
             return true;
@@ -290,7 +263,7 @@ pub fn run_worker<B: Backend>(mut engine: Engine<B>, prompter: Arc<Prompter>, sh
                     decoder: prompter.stream_decoder(true),
                     text: String::new(),
                     sent: 0,
-                    stop: job.stop,
+                    stop: StopMatcher::new(&job.stop),
                     stop_hit: None,
                     want_logprobs: job.req.logprobs,
                     pending_logprobs: Vec::new(),
@@ -415,6 +388,22 @@ fn on_event(
             Flow::Continue
         }
     }
+}
+
+/// Runs the engine loop `f` (which never returns while the server lives) and, should it
+/// stop, by a panic or otherwise, marks the model failed and calls `on_death` with the
+/// reason. `serve` exits the process there, non-zero, so that a supervisor (systemd,
+/// Kubernetes) restarts it instead of leaving a live process that answers 503 for ever.
+pub fn supervise(shared: &Shared, f: impl FnOnce(), on_death: impl FnOnce(String)) {
+    let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(()) => "the engine loop returned".to_string(),
+        Err(p) => format!(
+            "the engine thread panicked: {}",
+            crate::engine::panic_message(p.as_ref())
+        ),
+    };
+    set_failed(shared, why.clone());
+    on_death(why);
 }
 
 /// Marks the model as unavailable (it failed to load, or the engine thread died), with the reason
@@ -655,6 +644,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Issue 10.1: after the engine thread dies the process must exit non-zero;
+    /// `supervise` reports the death (serve exits in `on_death`).
+    #[test]
+    fn a_dead_engine_is_reported_so_that_serve_exits() {
+        let shared = Arc::new(Shared::new(4));
+        let (j, mut rx) = job(5, &[], Duration::from_secs(30));
+        shared.submit(j).unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-lightonocr/checkpoint");
+        let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
+        let engine = Engine {
+            backend: Panics,
+            max_batch: 1,
+            image_token_id: 326,
+        };
+        let mut died = None;
+        let s2 = shared.clone();
+        supervise(&shared, || run_worker(engine, prompter, s2), |why| died = Some(why));
+        let why = died.expect("on_death was called");
+        assert!(why.contains("panicked") && why.contains("a bug in a runtime"), "{why}");
+        assert_eq!(shared.state(), ModelState::Failed);
+        // The client hears the end of its channel instead of waiting for ever.
+        while rx.try_recv().is_ok() {}
+        assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Disconnected);
+        // A loop that merely returns is a death too.
+        let mut died = None;
+        supervise(&shared, || {}, |why| died = Some(why));
+        assert!(died.unwrap().contains("returned"));
     }
 
     #[test]

@@ -1,0 +1,290 @@
+//! The front door: connection handling and the checks every request passes before a handler
+//! sees it.
+//!
+//! - **Connections** ([`serve`]): at most [`FrontLimits::max_connections`] at once (when all
+//!   are taken the listener is not polled, so new ones wait in the kernel's backlog instead
+//!   of taking file descriptors); a connection must send a request head within
+//!   [`FrontLimits::header_read_timeout`], which hyper also applies to idle keep-alive
+//!   connections, so silent sockets are closed. axum's own `serve` has neither setting,
+//!   hence this small accept loop over hyper's HTTP/1 connection builder.
+//! - **Requests** ([`guard`]): headers over [`MAX_HEADER_BYTES`] get 431; a `Host` this
+//!   server does not answer to gets 403 when no API key is set (DNS rebinding: a web page
+//!   on another name must not reach a key-less local server); a declared `Content-Length`
+//!   over the body limit gets 413 before anything is read (so no `100 Continue`); JSON
+//!   routes refuse any `Content-Type` but `application/json` with 415 (a cross-site form or
+//!   `text/plain` POST cannot be sent as JSON by a browser without a preflight); bodies must
+//!   arrive within [`FrontLimits::body_timeout`] (408).
+//! - **Shutdown**: SIGTERM/SIGINT stops accepting, lets requests in flight finish for the
+//!   grace period, then tells streams to end with an error event (see
+//!   [`super::AppState::cut`]) and returns.
+
+use super::error::ApiError;
+use super::AppState;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+
+/// Largest request head (names and values of all headers) a handler is given; larger ones
+/// get an OpenAI-shaped 431. (hyper refuses heads past its ~400 KiB read buffer itself.)
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Routes whose bodies are JSON.
+const JSON_ROUTES: [&str; 1] = ["/v1/chat/completions"];
+
+/// Connection-level limits of a server.
+#[derive(Debug, Clone)]
+pub struct FrontLimits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Time a connection has to send a request head (also while idle between requests).
+    pub header_read_timeout: Duration,
+    /// Time a request's body has to arrive.
+    pub body_timeout: Duration,
+    /// Host names (besides IP literals and `localhost`) a key-less server answers to.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for FrontLimits {
+    fn default() -> Self {
+        FrontLimits {
+            max_connections: 512,
+            header_read_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            allowed_hosts: Vec::new(),
+        }
+    }
+}
+
+/// The host name of a `Host` header value (`name:port`, `[v6]:port`, `name`), lower-cased.
+fn host_name(value: &str) -> String {
+    let v = value.trim();
+    let name = if let Some(rest) = v.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        match v.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => v,
+        }
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether a key-less server answers to `Host: value`: IP literals (a browser page can only
+/// name an IP it really talks to), `localhost` and its subdomains (resolved locally), and the
+/// `allowed` names. Anything else is what a DNS-rebinding page would send.
+pub fn host_allowed(value: &str, allowed: &[String]) -> bool {
+    let name = host_name(value);
+    if name.is_empty() {
+        return false;
+    }
+    name.parse::<IpAddr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || allowed
+            .iter()
+            .any(|a| a.trim_end_matches('.').eq_ignore_ascii_case(&name))
+}
+
+fn head_bytes(h: &HeaderMap) -> usize {
+    h.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
+}
+
+fn is_json(h: &HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The request checks of the module documentation, then the body read in full within the
+/// body timeout (every route's body is read whole anyway, within `max_body_bytes`).
+pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    match check(&st, req).await {
+        Ok(req) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
+    let h = req.headers();
+    if head_bytes(h) > MAX_HEADER_BYTES {
+        return Err(ApiError::HeadersTooLarge {
+            limit_kib: MAX_HEADER_BYTES / 1024,
+        });
+    }
+    if st.cfg.api_key.is_none() {
+        let host = h
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()))
+            .unwrap_or_default();
+        if !host_allowed(&host, &st.cfg.front.allowed_hosts) {
+            return Err(ApiError::Forbidden(format!(
+                "Host {host:?} is not one this server answers to without an API key; \
+                 use localhost or an IP address, start it with --allowed-hosts {}, or set --api-key",
+                host_name(&host)
+            )));
+        }
+    }
+    if req.method() != Method::POST {
+        return Ok(req);
+    }
+    let limit = st.cfg.max_body_bytes;
+    let declared = h
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::TooLarge {
+            limit_mb: (limit / (1024 * 1024)) as u64,
+        });
+    }
+    if JSON_ROUTES.contains(&req.uri().path()) && !is_json(h) {
+        let got = h
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none");
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "this route takes Content-Type: application/json (got {got})"
+        )));
+    }
+    let (parts, body) = req.into_parts();
+    let secs = st.cfg.front.body_timeout.as_secs();
+    let bytes = tokio::time::timeout(st.cfg.front.body_timeout, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| {
+            ApiError::BodyTimeout(format!(
+                "the request body did not arrive within {secs} s (--body-timeout)"
+            ))
+        })?
+        .map_err(|e| {
+            // http-body-util's LengthLimitError, wrapped in axum's error.
+            let too_large = e.to_string().contains("length limit");
+            if too_large {
+                ApiError::TooLarge {
+                    limit_mb: (limit / (1024 * 1024)) as u64,
+                }
+            } else {
+                ApiError::invalid(format!("cannot read the request body: {e}"))
+            }
+        })?;
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// Serves `app` on `listener` with `st`'s connection limits until SIGTERM/SIGINT (or
+/// `stop` turning true), then shuts down as the module documentation says.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    st: Arc<AppState>,
+    grace: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let limits = st.cfg.front.clone();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (closing_tx, closing) = watch::channel(false);
+    let signalled = super::shutdown_signal();
+    tokio::pin!(signalled);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("never closed"),
+            _ = &mut signalled => break,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors, say: wait instead of spinning.
+                    eprintln!("ocrctl serve: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut signalled => break,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let svc = TowerToHyperService::new(app.clone());
+        let mut closing = closing.clone();
+        let header_timeout = limits.header_read_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut b = http1::Builder::new();
+            b.timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .keep_alive(true);
+            let conn = b.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let finished = tokio::select! {
+                _ = conn.as_mut() => true,
+                _ = closing.wait_for(|c| *c) => false,
+            };
+            if !finished {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        });
+    }
+    drop(listener);
+    st.stopping.store(true, Ordering::Relaxed);
+    eprintln!(
+        "ocrctl serve: shutting down, finishing running requests (at most {} s)",
+        grace.as_secs()
+    );
+    let _ = closing_tx.send(true);
+    let all_closed = slots.acquire_many(limits.max_connections as u32);
+    tokio::select! {
+        _ = all_closed => {}
+        _ = tokio::time::sleep(grace) => {
+            eprintln!("ocrctl serve: grace period over, ending the requests still running");
+            let _ = st.cut.send(true);
+            // Let the streams send their error event and [DONE].
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                slots.acquire_many(limits.max_connections as u32),
+            )
+            .await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_are_read_like_browsers_send_them() {
+        assert_eq!(host_name("LocalHost:8000"), "localhost");
+        assert_eq!(host_name("[::1]:8000"), "::1");
+        assert_eq!(host_name("example.com."), "example.com");
+        assert_eq!(host_name("10.1.2.3"), "10.1.2.3");
+    }
+
+    #[test]
+    fn only_ip_literals_localhost_and_listed_names_pass() {
+        let none: Vec<String> = vec![];
+        for ok in ["127.0.0.1:8000", "[::1]:1", "localhost", "a.localhost:9", "192.168.1.5"] {
+            assert!(host_allowed(ok, &none), "{ok}");
+        }
+        for bad in ["attacker.example:8000", "", "localhost.attacker.example", "127.0.0.1.nip.io"] {
+            assert!(!host_allowed(bad, &none), "{bad}");
+        }
+        let listed = vec!["ocr.internal".to_string()];
+        assert!(host_allowed("OCR.internal:443", &listed));
+        assert!(!host_allowed("other.internal", &listed));
+    }
+}
