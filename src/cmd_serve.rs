@@ -191,7 +191,9 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                         &shared,
                         move || worker::run_worker(engine, prompter, s2),
                         |why| {
-                            eprintln!("error: {why}; exiting so that a supervisor restarts the server");
+                            eprintln!(
+                                "error: {why}; exiting so that a supervisor restarts the server"
+                            );
                             // Let the handlers send the failures of the requests in flight.
                             std::thread::sleep(Duration::from_millis(300));
                             std::process::exit(EXIT_ENGINE_DIED);

@@ -42,8 +42,8 @@ use crate::generate::{
     argmax_and_top_k, log_sum_exp, merge_image_features, FinishReason, Generation, TokenLogprob,
 };
 use crate::sampling::{Sampler, SamplingParams};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use ndarray::{concatenate, Array2, Array4, Axis};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// One generation request.
 #[derive(Debug, Clone)]
@@ -582,12 +582,18 @@ mod tests {
         ];
         let r = e.run(reqs, &mut |_| {});
         let err = r[1].as_ref().unwrap_err();
-        assert!(err.contains("internal error while choosing a token"), "{err}");
+        assert!(
+            err.contains("internal error while choosing a token"),
+            "{err}"
+        );
         assert_eq!(r[0].as_ref().unwrap().token_ids.len(), 4);
         assert_eq!(r[2].as_ref().unwrap().token_ids.len(), 4);
         // The engine still serves after the panic.
         let again = e.run(vec![req(vec![1, 99, 2], 4, 5)], &mut |_| {});
-        assert_eq!(again[0].as_ref().unwrap().token_ids, r[0].as_ref().unwrap().token_ids);
+        assert_eq!(
+            again[0].as_ref().unwrap().token_ids,
+            r[0].as_ref().unwrap().token_ids
+        );
     }
 }
 

@@ -883,7 +883,15 @@ mod tests {
     /// weight became NaN and the candidate list was empty: the engine thread panicked.
     #[test]
     fn repetition_penalty_at_its_extremes_never_breaks_sampling() {
-        for penalty in [1e-45f32, 1e-38, f32::MIN_POSITIVE, 1e-3, 1e3, 1e38, f32::MAX] {
+        for penalty in [
+            1e-45f32,
+            1e-38,
+            f32::MIN_POSITIVE,
+            1e-3,
+            1e3,
+            1e38,
+            f32::MAX,
+        ] {
             for temperature in [0.0f32, 0.2, 1.0] {
                 let mut s = Sampler::new(SamplingParams {
                     temperature,
@@ -898,7 +906,10 @@ mod tests {
                 let history: Vec<u32> = (0..300).step_by(3).collect();
                 let t = s.next_with_logprob(&mut l, &history);
                 assert!((t.id as usize) < 300, "penalty {penalty} t {temperature}");
-                assert!(t.logprob.is_finite() && t.logprob <= 0.0, "{penalty}: {t:?}");
+                assert!(
+                    t.logprob.is_finite() && t.logprob <= 0.0,
+                    "{penalty}: {t:?}"
+                );
                 assert!(l.iter().all(|v| !v.is_nan()), "processed logits hold NaN");
             }
         }
@@ -941,11 +952,16 @@ mod tests {
         ];
         for case in 0..4000 {
             let n = 1 + (r.next_u64() % 64) as usize;
-            let temperature = pick(&mut r, &[0.0, 1e-38, 1e-3, 0.01, 0.2, 1.0, 7.5, 1e30, f32::MAX]);
+            let temperature = pick(
+                &mut r,
+                &[0.0, 1e-38, 1e-3, 0.01, 0.2, 1.0, 7.5, 1e30, f32::MAX],
+            );
             let top_p = pick(&mut r, &[1e-38, 1e-6, 0.5, 0.9, 0.999_999, 1.0]);
             let top_k = (r.next_u64() % (n as u64 + 3)) as usize;
-            let repetition_penalty =
-                pick(&mut r, &[1e-45, 1e-38, 1e-6, 0.5, 1.0, 1.3, 1e6, 1e38, f32::MAX]);
+            let repetition_penalty = pick(
+                &mut r,
+                &[1e-45, 1e-38, 1e-6, 0.5, 1.0, 1.3, 1e6, 1e38, f32::MAX],
+            );
             let params = SamplingParams {
                 temperature,
                 top_p,

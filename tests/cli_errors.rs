@@ -155,7 +155,10 @@ fn existing_output_is_refused_without_force_and_kept_intact() {
         "--force",
     ]);
     assert!(e.contains("not an ocrctl export"), "{e}");
-    assert_eq!(std::fs::read_to_string(out.join("keep.txt")).unwrap(), "mine");
+    assert_eq!(
+        std::fs::read_to_string(out.join("keep.txt")).unwrap(),
+        "mine"
+    );
     let model = d.path().join("model");
     for _ in 0..2 {
         ocrctl_ok(&[

@@ -52,7 +52,11 @@ fn an_extreme_repetition_penalty_neither_fails_nor_kills_the_engine() {
         assert_eq!(r.status, 200, "penalty {penalty}: {}", r.text());
     }
     let (ct, mp) = multipart(
-        &[("repetition_penalty", "1e-38"), ("temperature", "0.2"), ("max_tokens", "8")],
+        &[
+            ("repetition_penalty", "1e-38"),
+            ("temperature", "0.2"),
+            ("max_tokens", "8"),
+        ],
         Some(("aligned.png", &png)),
     );
     let r = request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap();
@@ -132,7 +136,11 @@ fn concurrent_large_images_decode_within_the_profiles_budget() {
         .unwrap()
         .replace("max_image_side: 1540", "max_image_side: 112");
     std::fs::write(&p, yaml).unwrap();
-    let s = Server::start(common::exported(), &["--profile", p.to_str().unwrap()], true);
+    let s = Server::start(
+        common::exported(),
+        &["--profile", p.to_str().unwrap()],
+        true,
+    );
     let png = big_png(3000, 3000);
     let before = peak_rss_kib(s.child.id());
     let threads: Vec<_> = (0..6)
@@ -177,7 +185,9 @@ fn stop_strings_are_bounded_and_many_long_ones_still_work() {
     assert_eq!(error_of(&r).0, "stop");
     let plain = s.post_json("/v1/chat/completions", &chat_body(&png, "image/png", 24));
     let want = plain.json()["choices"][0]["message"]["content"].clone();
-    let stops: Vec<String> = (0..16).map(|i| format!("{i}{}", "q".repeat(1000))).collect();
+    let stops: Vec<String> = (0..16)
+        .map(|i| format!("{i}{}", "q".repeat(1000)))
+        .collect();
     let mut b = chat_body(&png, "image/png", 24);
     b["stop"] = json!(stops);
     let r = s.post_json("/v1/chat/completions", &b);
@@ -216,7 +226,8 @@ fn silent_connections_are_closed_and_service_goes_on() {
     let mut half = TcpStream::connect(&s.addr).unwrap();
     half.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .unwrap();
-    half.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    half.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let mut rest = Vec::new();
     let _ = half.read_to_end(&mut rest);
     assert!(
@@ -255,7 +266,10 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     b[i] ^= 0x40;
     std::fs::write(&data, &b).unwrap();
     let err = common::ocrctl_err(&["verify", m.to_str().unwrap()]);
-    assert!(err.contains("decoder_model_merged.onnx_data") && err.contains("sha256"), "{err}");
+    assert!(
+        err.contains("decoder_model_merged.onnx_data") && err.contains("sha256"),
+        "{err}"
+    );
     let img = image("aligned.png");
     let run = |extra: &[&str]| {
         let mut args = vec![
@@ -275,7 +289,10 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("decoder_model_merged.onnx_data"), "{err}");
-    assert!(run(&["--no-verify"]).status.success(), "--no-verify loads it");
+    assert!(
+        run(&["--no-verify"]).status.success(),
+        "--no-verify loads it"
+    );
     // The fp16 graphs are intact: loading them does not read the damaged file.
     let out = common::ocrctl(&[
         "ocr",
@@ -287,7 +304,11 @@ fn a_damaged_export_is_refused_with_the_files_name() {
         "2",
         img.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The server refuses to start on it, with the reason.
     let p = profile(dir.path(), "");
     let out = Command::new(env!("CARGO_BIN_EXE_ocrctl"))
@@ -317,15 +338,29 @@ fn cross_site_requests_are_refused() {
         let h: Vec<(&str, &str)> = ct.map(|c| ("Content-Type", c)).into_iter().collect();
         let r = request(&s.addr, "POST", "/v1/chat/completions", &h, body.as_bytes()).unwrap();
         assert_eq!(r.status, 415, "{ct:?}: {}", r.text());
-        assert!(r.json()["error"]["message"].as_str().unwrap().contains("application/json"));
+        assert!(r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("application/json"));
     }
     let json_ct = ("Content-Type", "application/json; charset=utf-8");
-    let r = request(&s.addr, "POST", "/v1/chat/completions", &[json_ct], body.as_bytes()).unwrap();
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[json_ct],
+        body.as_bytes(),
+    )
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     // Raw requests with a chosen Host header.
     let with_host = |host: &str| {
         let mut c = TcpStream::connect(&s.addr).unwrap();
-        write!(c, "GET /v1/models HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            c,
+            "GET /v1/models HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut out = String::new();
         c.read_to_string(&mut out).unwrap();
         out
@@ -375,7 +410,10 @@ fn export_force_replaces_only_an_export_and_stale_partials_are_cleaned() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not an ocrctl export"), "{err}");
-    assert_eq!(std::fs::read_to_string(notes.join("notes.txt")).unwrap(), "keep me");
+    assert_eq!(
+        std::fs::read_to_string(notes.join("notes.txt")).unwrap(),
+        "keep me"
+    );
     // A partial directory of a process that is gone is removed by the next export.
     let stale = dir.path().join(".model.partial-99999999");
     std::fs::create_dir_all(stale.join("onnx")).unwrap();
@@ -408,7 +446,14 @@ fn smaller_front_door_fixes() {
     assert_eq!(&head, b"HTTP/1.1 413", "{}", String::from_utf8_lossy(&head));
     for scheme in ["bearer", "BEARER", "Bearer"] {
         let auth = format!("{scheme} k");
-        let r = request(&s.addr, "GET", "/v1/models", &[("Authorization", &auth)], b"").unwrap();
+        let r = request(
+            &s.addr,
+            "GET",
+            "/v1/models",
+            &[("Authorization", &auth)],
+            b"",
+        )
+        .unwrap();
         assert_eq!(r.status, 200, "{scheme}");
     }
     let auth = ("Authorization", "Bearer k");
@@ -424,12 +469,22 @@ fn smaller_front_door_fixes() {
     );
     mp.extend_from_slice(&png);
     mp.extend_from_slice(format!("\r\n{close}").as_bytes());
-    let r = request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct), auth], &mp).unwrap();
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/ocr",
+        &[("Content-Type", &ct), auth],
+        &mp,
+    )
+    .unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(error_of(&r).0, "file");
     let r = request(&s.addr, "GET", "/v1/chat/completions", &[auth], b"").unwrap();
     assert_eq!(r.status, 405);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("GET"));
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("GET"));
     let big = "v".repeat(40 * 1024);
     let r = request(&s.addr, "GET", "/v1/models", &[auth, ("X-Big", &big)], b"").unwrap();
     assert_eq!(r.status, 431);
@@ -474,7 +529,12 @@ fn streams_cut_at_the_shutdown_deadline_end_with_an_error_and_done() {
         })
         .collect();
     let t = Instant::now();
-    while !s.get("/metrics").unwrap().text().contains("ocrctl_queue_depth 4") {
+    while !s
+        .get("/metrics")
+        .unwrap()
+        .text()
+        .contains("ocrctl_queue_depth 4")
+    {
         assert!(t.elapsed().as_secs() < 30, "requests never queued");
         std::thread::sleep(Duration::from_millis(2));
     }

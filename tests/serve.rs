@@ -559,13 +559,27 @@ fn models_health_and_a_model_that_fails_to_load() {
     // with the reason (issue 12.2), so that a supervisor sees it instead of a 503 for ever.
     let profile = test_profile(dir.path(), 1, 4, 2);
     let out = Command::new(env!("CARGO_BIN_EXE_ocrctl"))
-        .args(["serve", "--model", common::exported().to_str().unwrap(), "--port", "0"])
-        .args(["--profile", profile.to_str().unwrap(), "--precision", "int4"])
+        .args([
+            "serve",
+            "--model",
+            common::exported().to_str().unwrap(),
+            "--port",
+            "0",
+        ])
+        .args([
+            "--profile",
+            profile.to_str().unwrap(),
+            "--precision",
+            "int4",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("int4") && err.contains("was not exported"), "{err}");
+    assert!(
+        err.contains("int4") && err.contains("was not exported"),
+        "{err}"
+    );
 }
 
 #[test]

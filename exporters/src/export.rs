@@ -257,7 +257,9 @@ fn remove_stale_partials(parent: &Path, name: &str) {
     };
     for e in entries.flatten() {
         let file_name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = file_name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok())
+        let Some(pid) = file_name
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
         };

@@ -99,7 +99,9 @@ pub fn digest_tree(root: &Path, skip: &str) -> Result<Vec<SourceFile>, ExportErr
         for entry in std::fs::read_dir(&dir).map_err(|e| ExportError::io(&dir, e))? {
             let entry = entry.map_err(|e| ExportError::io(&dir, e))?;
             let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
-            let meta = entry.metadata().map_err(|e| ExportError::io(&entry.path(), e))?;
+            let meta = entry
+                .metadata()
+                .map_err(|e| ExportError::io(&entry.path(), e))?;
             if meta.is_dir() {
                 stack.push((entry.path(), format!("{name}/")));
             } else if name != skip {
@@ -125,7 +127,9 @@ pub fn verify(
     // Cheap checks first: a wrong size needs no hashing.
     for f in &todo {
         let p = dir.join(&f.name);
-        let len = std::fs::metadata(&p).map_err(|e| ExportError::io(&p, e))?.len();
+        let len = std::fs::metadata(&p)
+            .map_err(|e| ExportError::io(&p, e))?
+            .len();
         if len != f.bytes {
             return Err(ExportError::Invalid(format!(
                 "{}: {len} bytes, the export recorded {} (the file is damaged or was replaced; \
@@ -178,7 +182,10 @@ mod tests {
         bytes[(1 << 20) + 5] ^= 1;
         std::fs::write(d.path().join("onnx/a.onnx_data"), &bytes).unwrap();
         let e = verify(d.path(), &files, |_| true).unwrap_err().to_string();
-        assert!(e.contains("a.onnx_data") && e.contains("does not match"), "{e}");
+        assert!(
+            e.contains("a.onnx_data") && e.contains("does not match"),
+            "{e}"
+        );
         // Only what is selected is read.
         assert!(verify(d.path(), &files, |n| n == "config.json").is_ok());
 

@@ -277,10 +277,21 @@ mod tests {
     #[test]
     fn only_ip_literals_localhost_and_listed_names_pass() {
         let none: Vec<String> = vec![];
-        for ok in ["127.0.0.1:8000", "[::1]:1", "localhost", "a.localhost:9", "192.168.1.5"] {
+        for ok in [
+            "127.0.0.1:8000",
+            "[::1]:1",
+            "localhost",
+            "a.localhost:9",
+            "192.168.1.5",
+        ] {
             assert!(host_allowed(ok, &none), "{ok}");
         }
-        for bad in ["attacker.example:8000", "", "localhost.attacker.example", "127.0.0.1.nip.io"] {
+        for bad in [
+            "attacker.example:8000",
+            "",
+            "localhost.attacker.example",
+            "127.0.0.1.nip.io",
+        ] {
             assert!(!host_allowed(bad, &none), "{bad}");
         }
         let listed = vec!["ocr.internal".to_string()];

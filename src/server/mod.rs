@@ -174,7 +174,10 @@ pub fn router(st: Arc<AppState>) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(st.clone(), front::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            front::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
         .layer(axum::middleware::from_fn_with_state(st.clone(), count))
         .with_state(st)

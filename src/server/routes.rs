@@ -692,20 +692,21 @@ pub async fn ocr(
             .then(move |(i, rx)| {
                 let cut = cut.clone();
                 async move {
-                let sep = (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(i + 1))));
-                let page = stream::unfold(Some((rx, cut)), |state| async move {
-                    let (mut rx, mut cut) = state?;
-                    match next_event(&mut rx, &mut cut).await {
-                        Some(JobEvent::Delta { text, .. }) => {
-                            Some((Ok(Bytes::from(text)), Some((rx, cut))))
+                    let sep =
+                        (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(i + 1))));
+                    let page = stream::unfold(Some((rx, cut)), |state| async move {
+                        let (mut rx, mut cut) = state?;
+                        match next_event(&mut rx, &mut cut).await {
+                            Some(JobEvent::Delta { text, .. }) => {
+                                Some((Ok(Bytes::from(text)), Some((rx, cut))))
+                            }
+                            Some(JobEvent::Failed(e)) => {
+                                Some((Ok(Bytes::from(format!("\n\n[error: {e}]\n"))), None))
+                            }
+                            Some(JobEvent::Done { .. }) | None => None,
                         }
-                        Some(JobEvent::Failed(e)) => {
-                            Some((Ok(Bytes::from(format!("\n\n[error: {e}]\n"))), None))
-                        }
-                        Some(JobEvent::Done { .. }) | None => None,
-                    }
-                });
-                stream::iter(sep).chain(page)
+                    });
+                    stream::iter(sep).chain(page)
                 }
             })
             .flatten();

@@ -32,7 +32,11 @@ impl Kmp {
             }
             fail[i] = k;
         }
-        Kmp { pat, fail, state: 0 }
+        Kmp {
+            pat,
+            fail,
+            state: 0,
+        }
     }
 
     /// Feeds one byte; true when the whole pattern has just been matched.
@@ -61,7 +65,11 @@ impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored: they would match everywhere).
     pub fn new(stops: &[String]) -> StopMatcher {
         StopMatcher {
-            stops: stops.iter().filter(|s| !s.is_empty()).map(|s| Kmp::new(s)).collect(),
+            stops: stops
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(|s| Kmp::new(s))
+                .collect(),
         }
     }
 
@@ -138,7 +146,9 @@ mod tests {
             let mut text = String::new();
             let mut hit = None;
             for _ in 0..12 {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let piece: String = (0..(seed >> 60) as usize % 3 + 1)
                     .map(|i| alphabet[((seed >> (8 * i + 3)) % 5) as usize])
                     .collect();

@@ -663,9 +663,16 @@ mod tests {
         };
         let mut died = None;
         let s2 = shared.clone();
-        supervise(&shared, || run_worker(engine, prompter, s2), |why| died = Some(why));
+        supervise(
+            &shared,
+            || run_worker(engine, prompter, s2),
+            |why| died = Some(why),
+        );
         let why = died.expect("on_death was called");
-        assert!(why.contains("panicked") && why.contains("a bug in a runtime"), "{why}");
+        assert!(
+            why.contains("panicked") && why.contains("a bug in a runtime"),
+            "{why}"
+        );
         assert_eq!(shared.state(), ModelState::Failed);
         // The client hears the end of its channel instead of waiting for ever.
         while rx.try_recv().is_ok() {}
