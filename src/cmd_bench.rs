@@ -119,7 +119,8 @@ pub fn peak_rss_mib() -> Option<f64> {
 
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
-    let (opts, _profile) = a.rt.load_options(&a.model)?;
+    let (mut opts, _profile) = a.rt.load_options(&a.model)?;
+    opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
     let precision = opts.precision;
     let t0 = Instant::now();
     let mut model = OrtModel::load(&a.model, &opts)?;

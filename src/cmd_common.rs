@@ -12,7 +12,7 @@ use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
 use ocrctl::prompt::Prompter;
 use ocrctl::providers::{CudaConfig, Provider, ProviderConfig, TrtConfig};
 use ocrctl_exporters::config::ModelConfig;
-use ocrctl_exporters::export::{Manifest, Precision};
+use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use std::path::{Path, PathBuf};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -44,9 +44,17 @@ pub struct RuntimeArgs {
     /// float, 4 (ONNX Runtime's default) quantizes activations to int8.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
     pub accuracy_level: u8,
+    /// Decoder graph to run: `gqa` (KV cache updated in place; the default when the export
+    /// has it) or `merged`.
+    #[arg(long, env = "OCRCTL_DECODER", value_parser = parse_decoder)]
+    pub decoder: Option<DecoderVariant>,
     /// Skip checking the export's files against the sha256 digests in its ocrctl.json.
     #[arg(long, env = "OCRCTL_NO_VERIFY")]
     pub no_verify: bool,
+}
+
+fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
+    DecoderVariant::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_provider(s: &str) -> Result<Provider, String> {
@@ -81,6 +89,11 @@ impl RuntimeArgs {
         lo.ort_lib = self.ort_lib.clone();
         lo.accuracy_level = self.accuracy_level;
         lo.verify = !self.no_verify;
+        lo.decoder = self.decoder;
+        if let Some(p) = &profile {
+            lo.kv_slots = p.max_batch_size.max(1) as usize;
+            lo.max_sequence_length = p.max_sequence_length as usize;
+        }
         lo.threads = self
             .threads
             .or(profile

@@ -57,7 +57,7 @@ fn load(dir: &PathBuf, precision: &str, a: &EvalArgs, flag: &str) -> anyhow::Res
         ort_lib: a.ort_lib.clone(),
         accuracy_level: a.accuracy_level,
         providers: Default::default(),
-        verify: true,
+        ..LoadOptions::new(precision)
     };
     Ok(OrtModel::load(dir, &opts)?)
 }

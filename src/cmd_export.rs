@@ -7,7 +7,8 @@ use ocrctl::calibrate;
 use ocrctl::ortmodel::{LoadOptions, OrtModel};
 use ocrctl_exporters::awq::ActivationStats;
 use ocrctl_exporters::export::{
-    export, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE,
+    export, DecoderVariant, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL,
+    DEFAULT_BLOCK_SIZE,
 };
 use ocrctl_exporters::layers::{Int4Format, Quant, Target};
 use std::path::PathBuf;
@@ -54,6 +55,11 @@ pub struct ExportArgs {
     /// WebP, TIFF): the fp32 graphs run on them first. Without it: round-to-nearest.
     #[arg(long)]
     calibrate: Option<PathBuf>,
+    /// Decoder graphs to write, comma-separated: `merged` (KV cache concatenated each step;
+    /// any runtime, TensorRT too) and/or `gqa` (GroupQueryAttention over a fixed cache
+    /// updated in place; ONNX Runtime CPU/CUDA, the fast GPU path). The runner prefers gqa.
+    #[arg(long, default_value = "merged", value_delimiter = ',', value_parser = parse_decoder)]
+    decoder: Vec<DecoderVariant>,
     /// Path of libonnxruntime.so for --calibrate (default: found automatically).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     ort_lib: Option<PathBuf>,
@@ -94,6 +100,7 @@ fn calibrate(
         force: true,
         awq: None,
         calibration_graphs: true,
+        decoders: vec![DecoderVariant::Merged],
         ..opts.clone()
     };
     eprintln!(
@@ -114,6 +121,10 @@ fn calibrate(
         );
     }
     Ok(stats)
+}
+
+fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
+    DecoderVariant::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_format(s: &str) -> Result<Int4Format, String> {
@@ -159,6 +170,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
         },
         awq: None,
         calibration_graphs: false,
+        decoders: a.decoder.clone(),
     };
     let start = Instant::now();
     let mut opts = opts;

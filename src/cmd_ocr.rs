@@ -196,6 +196,8 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     };
     let out = RefCell::new(Output::new(&docs, mode, a.quiet));
     if total_pages > 0 {
+        let mut opts = opts;
+        opts.kv_slots = batch_size;
         run_pages(&a, &docs, &out, &params, batch_size, max_tokens, opts)?;
     }
     let out = out.into_inner();

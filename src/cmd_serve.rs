@@ -90,7 +90,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.rt.profile.is_none() {
         a.rt.profile = Some(std::env::var("OCRCTL_PROFILE").unwrap_or_else(|_| "cpu".into()));
     }
-    let (opts, profile) = a.rt.load_options(&a.model)?;
+    let (mut opts, profile) = a.rt.load_options(&a.model)?;
     let profile = profile.expect("a profile is always set above");
     let manifest =
         Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
@@ -115,6 +115,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     if batch == 0 {
         anyhow::bail!("--batch-size must be at least 1");
     }
+    opts.kv_slots = batch;
     if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
         anyhow::bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
     }

@@ -10,14 +10,13 @@
 //! norms and softmax in float32).
 
 mod common;
+use common::golden::{check_top5, golden, ids};
 use common::*;
-use ndarray::{Array2, Array4};
 use ocrctl::backend::Backend;
 use ocrctl::generate::{generate_greedy, GreedyOptions};
 use ocrctl::ortmodel::{LoadOptions, OrtModel};
 use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
-use ocrctl_exporters::checkpoint::{Checkpoint, Weights};
 use ocrctl_exporters::export::Precision;
 use serde_json::Value;
 
@@ -30,71 +29,8 @@ pub const FP32_LOGPROB_TOL: f32 = 1e-3;
 /// Largest allowed |Δ logprob| of a top-5 token, fp16.
 pub const FP16_LOGPROB_TOL: f32 = 0.05;
 
-struct Golden {
-    json: Value,
-    tensors: Checkpoint,
-}
-
-fn golden() -> Golden {
-    let dir = fixture().join("golden");
-    let json =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
-    let tensors = Checkpoint::open_files(vec![dir.join("golden.safetensors")]).unwrap();
-    Golden { json, tensors }
-}
-
-impl Golden {
-    /// The image as the reference saw it: Pillow's decoded pixels when recorded (JPEG),
-    /// else our own decode of the file.
-    fn reference_image(&self, im: &Value) -> image::RgbImage {
-        let stem = im["stem"].as_str().unwrap();
-        let ours = preprocess::load_image(
-            &fixture().join(im["file"].as_str().unwrap()),
-            preprocess::DEFAULT_MAX_PIXELS,
-        )
-        .unwrap();
-        let decoded = format!("decoded_rgb.{stem}");
-        match self.tensors.shape(&decoded).map(|s| s.to_vec()) {
-            Some(shape) => {
-                let pil = self.tensors.get_u8(&decoded, &shape).unwrap();
-                image::RgbImage::from_raw(ours.width(), ours.height(), pil).unwrap()
-            }
-            None => ours,
-        }
-    }
-
-    fn images(&self) -> &Vec<Value> {
-        self.json["images"].as_array().unwrap()
-    }
-    fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        let shape = self
-            .tensors
-            .shape(name)
-            .unwrap_or_else(|| panic!("golden tensor {name}"))
-            .to_vec();
-        let v = self.tensors.get(name, &shape).unwrap();
-        (shape, v)
-    }
-    fn pixel_values(&self, stem: &str) -> Array4<f32> {
-        let (s, v) = self.tensor(&format!("pixel_values.{stem}"));
-        Array4::from_shape_vec((s[0], s[1], s[2], s[3]), v).unwrap()
-    }
-    fn features(&self, stem: &str) -> Array2<f32> {
-        let (s, v) = self.tensor(&format!("image_features.{stem}"));
-        Array2::from_shape_vec((s[0], s[1]), v).unwrap()
-    }
-}
-
 fn load(precision: Precision) -> OrtModel {
     OrtModel::load(exported(), &LoadOptions::new(precision)).expect("model loads")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 #[test]
@@ -221,36 +157,7 @@ fn check_generation(precision: Precision, tol: f32) {
             out.token_ids, want_ids,
             "{stem} ({precision:?}): greedy ids"
         );
-        for (step, (got, want)) in out
-            .top_logprobs
-            .iter()
-            .zip(im["top5"].as_array().unwrap())
-            .enumerate()
-        {
-            for w in want.as_array().unwrap() {
-                let id = w["id"].as_u64().unwrap() as u32;
-                let lp = w["logprob"].as_f64().unwrap() as f32;
-                match got.iter().find(|t| t.id == id) {
-                    Some(t) => {
-                        let d = (t.logprob - lp).abs();
-                        worst = worst.max(d);
-                        assert!(
-                            d <= tol,
-                            "{stem} step {step} token {id}: logprob {} vs {lp}",
-                            t.logprob
-                        );
-                    }
-                    // A token may leave our top 5 only through a near-tie with the 5th.
-                    None => {
-                        let fifth = got.last().unwrap().logprob;
-                        assert!(
-                            (fifth - lp).abs() <= tol,
-                            "{stem} step {step}: reference top-5 token {id} ({lp}) missing"
-                        );
-                    }
-                }
-            }
-        }
+        worst = worst.max(check_top5(stem, &out.top_logprobs, &im["top5"], tol));
         // The reference decodes every generated id, special tokens included.
         let text = prompter.decode(&out.token_ids, false).unwrap();
         assert_eq!(

@@ -148,54 +148,7 @@ pub fn build(
                     d,
                     eps,
                 )?;
-                let q = layers::linear(
-                    g,
-                    e,
-                    w,
-                    &hn,
-                    &format!("{pre}.self_attn.q_proj.weight"),
-                    nh * hd,
-                    d,
-                )?;
-                let k = layers::linear(
-                    g,
-                    e,
-                    w,
-                    &hn,
-                    &format!("{pre}.self_attn.k_proj.weight"),
-                    kvh * hd,
-                    d,
-                )?;
-                let v = layers::linear(
-                    g,
-                    e,
-                    w,
-                    &hn,
-                    &format!("{pre}.self_attn.v_proj.weight"),
-                    kvh * hd,
-                    d,
-                )?;
-                let q = g.op("Reshape", &[&q, &q_shape], &[]);
-                let k = g.op("Reshape", &[&k, &kv_shape], &[]);
-                let v = g.op("Reshape", &[&v, &kv_shape], &[]);
-                let q = layers::rms_norm(
-                    g,
-                    e,
-                    w,
-                    &q,
-                    &format!("{pre}.self_attn.q_norm.weight"),
-                    hd,
-                    eps,
-                )?;
-                let k = layers::rms_norm(
-                    g,
-                    e,
-                    w,
-                    &k,
-                    &format!("{pre}.self_attn.k_norm.weight"),
-                    hd,
-                    eps,
-                )?;
+                let (q, k, v) = qkv_normed(g, e, w, cfg, &pre, &hn, &q_shape, &kv_shape)?;
                 let q = g.op("Transpose", &[&q], &to_bnsh);
                 let k = g.op("Transpose", &[&k], &to_bnsh);
                 let v = g.op("Transpose", &[&v], &to_bnsh);
@@ -214,26 +167,8 @@ pub fn build(
                     nh * hd,
                 )?;
                 let x1 = g.op("Add", &[&x, &o], &[]);
-                let hn = layers::rms_norm(
-                    g,
-                    e,
-                    w,
-                    &x1,
-                    &format!("{pre}.post_attention_layernorm.weight"),
-                    d,
-                    eps,
-                )?;
-                let m = layers::gated_mlp(
-                    g,
-                    e,
-                    w,
-                    &hn,
-                    &format!("{pre}.mlp"),
-                    d,
-                    t.intermediate_size,
-                    "silu",
-                )?;
-                Ok((g.op("Add", &[&x1, &m], &[]), k_all, v_all))
+                let m = mlp_block(g, e, w, cfg, &pre, &x1)?;
+                Ok((m, k_all, v_all))
             },
         )?;
         x = nx;
@@ -263,6 +198,93 @@ pub fn build(
         ],
     );
     g.finish(&[("", 21)], &[])
+}
+
+/// The Q, K and V projections of layer `pre` on the normed input `hn [B, S, D]`, reshaped to
+/// `[B, S, heads, head_dim]` (`q_shape`, `kv_shape`) with Qwen3's per-head RMSNorm applied to
+/// Q and K (before RoPE, as transformers does).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qkv_normed(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    cfg: &ModelConfig,
+    pre: &str,
+    hn: &Value,
+    q_shape: &Value,
+    kv_shape: &Value,
+) -> Result<(Value, Value, Value), ExportError> {
+    let t = &cfg.text;
+    let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
+    let proj = |g: &mut Graph, name: &str, out: usize| {
+        layers::linear(
+            g,
+            e,
+            w,
+            hn,
+            &format!("{pre}.self_attn.{name}.weight"),
+            out,
+            d,
+        )
+    };
+    let q = proj(g, "q_proj", nh * hd)?;
+    let k = proj(g, "k_proj", kvh * hd)?;
+    let v = proj(g, "v_proj", kvh * hd)?;
+    let q = g.op("Reshape", &[&q, q_shape], &[]);
+    let k = g.op("Reshape", &[&k, kv_shape], &[]);
+    let v = g.op("Reshape", &[&v, kv_shape], &[]);
+    let eps = t.rms_norm_eps;
+    let q = layers::rms_norm(
+        g,
+        e,
+        w,
+        &q,
+        &format!("{pre}.self_attn.q_norm.weight"),
+        hd,
+        eps,
+    )?;
+    let k = layers::rms_norm(
+        g,
+        e,
+        w,
+        &k,
+        &format!("{pre}.self_attn.k_norm.weight"),
+        hd,
+        eps,
+    )?;
+    Ok((q, k, v))
+}
+
+/// `x1 + mlp(post_attention_layernorm(x1))`: the second half of decoder layer `pre`.
+pub(crate) fn mlp_block(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    cfg: &ModelConfig,
+    pre: &str,
+    x1: &Value,
+) -> Result<Value, ExportError> {
+    let t = &cfg.text;
+    let hn = layers::rms_norm(
+        g,
+        e,
+        w,
+        x1,
+        &format!("{pre}.post_attention_layernorm.weight"),
+        t.hidden_size,
+        t.rms_norm_eps,
+    )?;
+    let m = layers::gated_mlp(
+        g,
+        e,
+        w,
+        &hn,
+        &format!("{pre}.mlp"),
+        t.hidden_size,
+        t.intermediate_size,
+        "silu",
+    )?;
+    Ok(g.op("Add", &[x1, &m], &[]))
 }
 
 /// The lm_head weight: `lm_head.weight` unless tied (or absent), else the embeddings.

@@ -111,6 +111,49 @@ pub struct ExportOptions {
     /// Write calibration graphs (every Linear input exposed as an output) instead of a
     /// deployable export; used internally by `--calibrate`.
     pub calibration_graphs: bool,
+    /// Decoder graphs to write (at least one).
+    pub decoders: Vec<DecoderVariant>,
+}
+
+/// Which decoder graph (a part of the manifest's `graphs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecoderVariant {
+    /// `decoder_model_merged`: past + new keys concatenated each step (any ONNX runtime,
+    /// TensorRT too; the onnx-community layout).
+    Merged,
+    /// `decoder_model_gqa`: GroupQueryAttention over a fixed-size cache updated in place
+    /// (ONNX Runtime only; see [`crate::decoder_gqa`]).
+    Gqa,
+}
+
+impl DecoderVariant {
+    /// `merged` or `gqa`.
+    pub fn parse(s: &str) -> Result<DecoderVariant, ExportError> {
+        match s.trim() {
+            "merged" => Ok(DecoderVariant::Merged),
+            "gqa" => Ok(DecoderVariant::Gqa),
+            other => Err(ExportError::Invalid(format!(
+                "unknown decoder `{other}` (expected merged or gqa)"
+            ))),
+        }
+    }
+
+    /// The manifest part name (`decoder_model_merged`, `decoder_gqa`).
+    pub fn part(self) -> &'static str {
+        match self {
+            DecoderVariant::Merged => "decoder_model_merged",
+            DecoderVariant::Gqa => "decoder_gqa",
+        }
+    }
+
+    /// The graph's file stem without the precision suffix.
+    pub fn stem(self) -> &'static str {
+        match self {
+            DecoderVariant::Merged => "decoder_model_merged",
+            DecoderVariant::Gqa => "decoder_model_gqa",
+        }
+    }
 }
 
 /// Default `MatMulNBits` accuracy level (ONNX Runtime's own default for fused QDQ nodes).
@@ -136,6 +179,7 @@ impl ExportOptions {
             },
             awq: None,
             calibration_graphs: false,
+            decoders: vec![DecoderVariant::Merged],
         }
     }
 }
@@ -369,6 +413,12 @@ pub fn export(
             (cfg, Box::new(ck), files)
         };
     check_int4(opts, &cfg)?;
+    if opts.decoders.is_empty() {
+        return Err(ExportError::Invalid("no decoder graph requested".into()));
+    }
+    if opts.decoders.contains(&DecoderVariant::Gqa) {
+        crate::decoder_gqa::check(&cfg, opts.target)?;
+    }
     let mut digest = Sha256::new();
     let mut sorted: Vec<&SourceFile> = source_files.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
@@ -435,20 +485,22 @@ pub fn export(
         progress(Progress::End);
         parts.insert("embed_tokens".to_string(), info);
 
-        progress(Progress::Begin {
-            part: format!("decoder_model_merged{sfx}"),
-            steps: cfg.text.num_layers as u64,
-        });
-        let info = decoder::build(
-            &onnx_dir,
-            &format!("decoder_model_merged{sfx}"),
-            &cfg,
-            w,
-            e,
-            &mut || progress(Progress::Step),
-        )?;
-        progress(Progress::End);
-        parts.insert("decoder_model_merged".to_string(), info);
+        for &dv in &opts.decoders {
+            let stem = format!("{}{sfx}", dv.stem());
+            progress(Progress::Begin {
+                part: stem.clone(),
+                steps: cfg.text.num_layers as u64,
+            });
+            let build = match dv {
+                DecoderVariant::Merged => decoder::build,
+                DecoderVariant::Gqa => crate::decoder_gqa::build,
+            };
+            let info = build(&onnx_dir, &stem, &cfg, w, e, &mut || {
+                progress(Progress::Step)
+            })?;
+            progress(Progress::End);
+            parts.insert(dv.part().to_string(), info);
+        }
         graphs.insert(prec, parts);
     }
 

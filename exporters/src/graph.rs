@@ -272,8 +272,20 @@ impl Graph {
         attrs: &[(&str, Attr)],
         n: usize,
     ) -> Vec<Value> {
+        self.op_multi_in("", op, inputs, attrs, n)
+    }
+
+    /// Adds a node of `domain` with `n` outputs.
+    pub fn op_multi_in(
+        &mut self,
+        domain: &str,
+        op: &str,
+        inputs: &[&Value],
+        attrs: &[(&str, Attr)],
+        n: usize,
+    ) -> Vec<Value> {
         let outs: Vec<String> = (0..n).map(|_| self.fresh(&op.to_lowercase())).collect();
-        self.push_node(op, "", inputs, outs.clone(), attrs);
+        self.push_node(op, domain, inputs, outs.clone(), attrs);
         outs.into_iter().map(Value).collect()
     }
 

@@ -23,6 +23,7 @@ pub mod awq;
 pub mod checkpoint;
 pub mod config;
 pub mod decoder;
+pub mod decoder_gqa;
 pub mod dummy;
 pub mod embed;
 pub mod export;

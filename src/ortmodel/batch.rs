@@ -153,6 +153,7 @@ impl OrtModel {
                 id: *id,
                 kv: None,
                 len: *l,
+                slot: None,
             })
             .collect();
         self.batch = Some(BatchKv {

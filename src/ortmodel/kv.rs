@@ -28,6 +28,8 @@ pub struct OrtCache {
     /// its rows live in the model's padded batch cache.
     pub(super) kv: Option<Vec<DynTensor>>,
     pub(super) len: usize,
+    /// On the GQA path: the slot of the model's KV cache this sequence owns (freed on drop).
+    pub(super) slot: Option<super::gqa::Slot>,
 }
 
 impl OrtCache {
@@ -37,6 +39,17 @@ impl OrtCache {
             id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
             kv: Some(kv),
             len,
+            slot: None,
+        }
+    }
+
+    /// A new sequence's cache in a slot of the model's GQA cache.
+    pub(super) fn in_slot(slot: super::gqa::Slot) -> OrtCache {
+        OrtCache {
+            id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
+            kv: None,
+            len: 0,
+            slot: Some(slot),
         }
     }
 }

@@ -12,6 +12,7 @@
 
 mod batch;
 mod binding;
+mod gqa;
 mod kv;
 mod repack;
 mod session;
@@ -25,7 +26,7 @@ use crate::providers::{Provider, ProviderConfig};
 use binding::Placement;
 use kv::{BatchKv, KvDims};
 use ndarray::{Array2, Array4};
-use ocrctl_exporters::export::{Manifest, Precision};
+use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use ocrctl_exporters::graph::DType;
 use ort::session::{Session, SessionInputValue};
 use ort::value::DynTensor;
@@ -49,6 +50,13 @@ pub struct LoadOptions {
     pub providers: ProviderConfig,
     /// Check the files this load reads against the export's sha256 digests first.
     pub verify: bool,
+    /// Decoder graph to run; `None` takes `gqa` when the export has it, else `merged`.
+    pub decoder: Option<DecoderVariant>,
+    /// Sequences the GQA decoder's KV cache holds at once (the batch size).
+    pub kv_slots: usize,
+    /// Positions per sequence in the GQA decoder's KV cache; 0 = the model's
+    /// `max_position_embeddings`, at most 8192.
+    pub max_sequence_length: usize,
 }
 
 impl LoadOptions {
@@ -61,6 +69,9 @@ impl LoadOptions {
             accuracy_level: 4,
             providers: ProviderConfig::default(),
             verify: true,
+            decoder: None,
+            kv_slots: 1,
+            max_sequence_length: 0,
         }
     }
 }
@@ -105,6 +116,8 @@ pub struct OrtModel {
     hidden: usize,
     tap: Option<Tap>,
     batch: Option<BatchKv>,
+    /// The GQA decoder's KV cache (`decoder` is then the `decoder_gqa` graph).
+    gqa: Option<gqa::GqaCache>,
 }
 
 /// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
@@ -121,7 +134,12 @@ pub fn write_optimized_graph(
 
 /// Checks the files a load of `precision` reads (all but other precisions' graphs) against
 /// the digests in the manifest, and says how long it took.
-fn verify_files(dir: &Path, manifest: &Manifest, precision: Precision) -> Result<(), LoadError> {
+fn verify_files(
+    dir: &Path,
+    manifest: &Manifest,
+    precision: Precision,
+    decoder: DecoderVariant,
+) -> Result<(), LoadError> {
     if manifest.files.is_empty() {
         eprintln!(
             "ocrctl: {} records no file digests (exported by an older ocrctl); not verified",
@@ -132,8 +150,14 @@ fn verify_files(dir: &Path, manifest: &Manifest, precision: Precision) -> Result
     let others: std::collections::HashSet<String> = manifest
         .graphs
         .iter()
-        .filter(|(p, _)| **p != precision)
-        .flat_map(|(_, parts)| parts.values())
+        .flat_map(|(p, parts)| {
+            parts.iter().filter_map(move |(part, g)| {
+                let unused_decoder = [DecoderVariant::Merged, DecoderVariant::Gqa]
+                    .iter()
+                    .any(|v| *v != decoder && v.part() == part);
+                (*p != precision || unused_decoder).then_some(g)
+            })
+        })
         .flat_map(|g| std::iter::once(&g.file).chain(g.data_file.as_ref()))
         .map(|f| format!("onnx/{f}"))
         .collect();
@@ -172,8 +196,27 @@ impl OrtModel {
                         .collect::<Vec<_>>()
                         .join(", "),
                 })?;
+        let variant = match opts.decoder {
+            Some(v) if !graphs.contains_key(v.part()) => {
+                return Err(LoadError::Session {
+                    path: dir.join(MANIFEST_NAME),
+                    message: format!(
+                        "the {} decoder was not exported for {} (export with --decoder {})",
+                        v.part(),
+                        opts.precision.name(),
+                        match v {
+                            DecoderVariant::Gqa => "gqa",
+                            DecoderVariant::Merged => "merged",
+                        }
+                    ),
+                })
+            }
+            Some(v) => v,
+            None if graphs.contains_key(DecoderVariant::Gqa.part()) => DecoderVariant::Gqa,
+            None => DecoderVariant::Merged,
+        };
         if opts.verify {
-            verify_files(dir, &manifest, opts.precision)?;
+            verify_files(dir, &manifest, opts.precision, variant)?;
         }
         let (_, env) = crate::ortlib::environment(opts.ort_lib.as_deref())?;
         match crate::providers::usable(&opts.providers) {
@@ -193,7 +236,7 @@ impl OrtModel {
             Ok(dir.join("onnx").join(&g.file))
         };
         let t = &manifest.model.text;
-        let decoder_path = path_of("decoder_model_merged")?;
+        let decoder_path = path_of(variant.part())?;
         let vision = session::build(&env, &path_of("vision_encoder")?, opts, None)?.session;
         let embed = session::build(&env, &path_of("embed_tokens")?, opts, None)?.session;
         let decoder = session::build(&env, &decoder_path, opts, None)?;
@@ -203,21 +246,59 @@ impl OrtModel {
                 message: e.to_string(),
             })?;
         let act = opts.precision.dtype();
-        let repacker = match Repacker::new(
-            &env,
-            decoder.provider,
-            opts.providers.device_id,
-            act,
-            &placement.kv,
-            &decoder.session,
-        ) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                eprintln!("ocrctl: KV repack graph unavailable ({e}); batch caches are repacked through host memory");
-                None
+        // The GQA decoder never repacks: its cache is updated in place.
+        let repacker = if variant == DecoderVariant::Gqa {
+            None
+        } else {
+            match Repacker::new(
+                &env,
+                decoder.provider,
+                opts.providers.device_id,
+                act,
+                &placement.kv,
+                &decoder.session,
+            ) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    eprintln!("ocrctl: KV repack graph unavailable ({e}); batch caches are repacked through host memory");
+                    None
+                }
+            }
+        };
+        let gqa = match variant {
+            DecoderVariant::Merged => None,
+            DecoderVariant::Gqa => {
+                let max_pos = t.max_position_embeddings.max(1);
+                let max_seq = match opts.max_sequence_length {
+                    0 => max_pos.min(8192),
+                    n => n.min(max_pos),
+                };
+                let cache = gqa::GqaCache::new(
+                    &decoder.session,
+                    placement.kv.clone(),
+                    act,
+                    t.num_kv_heads,
+                    t.head_dim,
+                    opts.kv_slots.max(1),
+                    max_seq,
+                    t.num_layers,
+                )
+                .map_err(|e| LoadError::Session {
+                    path: decoder_path.clone(),
+                    message: e.to_string(),
+                })?;
+                eprintln!(
+                    "ocrctl: GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB) in {} memory",
+                    cache.slots,
+                    cache.max_seq,
+                    cache.bytes() as f64 / (1u64 << 30) as f64,
+                    placement.kv.allocation_device().as_str()
+                );
+                Some(cache)
             }
         };
         Ok(OrtModel {
+            gqa,
             act,
             vision,
             embed,
@@ -241,6 +322,21 @@ impl OrtModel {
             dir: dir.to_path_buf(),
             manifest,
         })
+    }
+
+    /// The decoder graph this model runs.
+    pub fn decoder_variant(&self) -> DecoderVariant {
+        if self.gqa.is_some() {
+            DecoderVariant::Gqa
+        } else {
+            DecoderVariant::Merged
+        }
+    }
+
+    /// Sequences and positions per sequence of the GQA decoder's KV cache (`None` on the
+    /// merged decoder, whose caches grow with each sequence).
+    pub fn kv_capacity(&self) -> Option<(usize, usize)> {
+        self.gqa.as_ref().map(|g| (g.slots, g.max_seq))
     }
 
     /// The execution provider the decoder session got (after any fallback).
@@ -335,6 +431,9 @@ impl Backend for OrtModel {
         embeds: Array2<f32>,
         cache: Option<OrtCache>,
     ) -> Result<(Vec<f32>, OrtCache), BackendError> {
+        if self.gqa.is_some() {
+            return self.gqa_forward(embeds, cache);
+        }
         const PART: &str = "decoder_model_merged";
         let (s, d) = (embeds.nrows(), embeds.ncols());
         let past = cache.as_ref().map_or(0, |c| c.len);
@@ -360,6 +459,9 @@ impl Backend for OrtModel {
         tokens: &[u32],
         caches: Vec<OrtCache>,
     ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
+        if self.gqa.is_some() {
+            return self.gqa_decode_batch(tokens, caches);
+        }
         if tokens.len() == 1 && caches.len() == 1 {
             // A batch of one needs no padding: feed its cache back as is. The batch cache,
             // if any, held only sequences that are gone now: free it.
@@ -368,7 +470,8 @@ impl Backend for OrtModel {
             let kv = Some(self.own_kv(c)?);
             self.batch = None;
             let e = self.embed(tokens)?;
-            let (l, c) = self.forward(e, Some(OrtCache { id, kv, len }))?;
+            let slot = None;
+            let (l, c) = self.forward(e, Some(OrtCache { id, kv, len, slot }))?;
             return Ok((vec![l], vec![c]));
         }
         self.decode_batch_padded(tokens, caches)

@@ -2,6 +2,7 @@
 //! and one fp32/fp16 export of the tiny fixture per test binary.
 #![allow(dead_code)]
 
+pub mod golden;
 pub mod server;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,179 @@
+//! `decoder_model_gqa.onnx`: the Qwen3 decoder for a KV cache that is allocated once and
+//! updated in place, through ONNX Runtime's `com.microsoft.GroupQueryAttention` (GQA).
+//!
+//! Inputs: `inputs_embeds [B, S, D]`; `seqlens_k [B]` (int32: each row's total length after
+//! this run, minus one); `total_sequence_length` (int32 scalar: the largest total length of
+//! the batch, read on the host); `past_key_values.{i}.key|value [B, kv_heads, max_seq,
+//! head_dim]`, a fixed-size cache whose rows `0..len` hold each sequence's keys and values.
+//! Outputs: `logits [B, 1, vocab]` (float32, last position only) and
+//! `present.{i}.key|value`, the same `[B, kv_heads, max_seq, head_dim]` buffers with the new
+//! positions written at rows `len..len+S`. Binding each present to the memory of its past
+//! (IoBinding) makes GQA update the cache in place: no concatenation, no copy, no repacking.
+//!
+//! Why GQA (checked against ONNX Runtime 1.31.1's schema and kernels): one node does RoPE
+//! (`do_rotary`, from the `cos_cache`/`sin_cache` tables, positions taken from `seqlens_k`),
+//! the grouped-query attention (16:8 heads without repeating K/V) and the cache write; the CPU
+//! provider runs it in float32 and float16 (so CI checks this graph against the reference),
+//! the CUDA provider in float16 with flash / XQA decoding kernels. Qwen3's per-head q/k norms
+//! are applied before GQA (its fused `q_norm_weight` inputs are CUDA-only). Rows of a decode
+//! step may have different lengths (`seqlens_k` per row); a prompt of S > 1 tokens runs with
+//! B = 1 (ONNX Runtime refuses S > 1 with B > 1 once any row has a past). Positions are
+//! `len..len+S`, i.e. a sequence is right-aligned at row 0 of its cache: no padding at all.
+//! Ports transformers' `qwen3/modeling_qwen3.py` like [`crate::decoder`].
+
+use crate::checkpoint::Weights;
+use crate::config::ModelConfig;
+use crate::decoder::{lm_head_name, mlp_block, qkv_normed, PREFIX};
+use crate::graph::{Attr, DType, Dim, Graph};
+use crate::layers::{self, Emit, Target};
+use crate::ExportError;
+
+/// Checks that GQA's kernels take this model's attention shape: rotary over the whole head
+/// (`head_dim / 2` a multiple of 8, `head_dim` a multiple of 16) and whole KV groups.
+pub fn check(cfg: &ModelConfig, target: Target) -> Result<(), ExportError> {
+    let t = &cfg.text;
+    if target != Target::Ort {
+        return Err(ExportError::Invalid(
+            "the gqa decoder uses ONNX Runtime's GroupQueryAttention: export it with --target ort"
+                .into(),
+        ));
+    }
+    if t.head_dim % 16 != 0 || t.num_kv_heads == 0 || t.num_heads % t.num_kv_heads != 0 {
+        return Err(ExportError::Invalid(format!(
+            "the gqa decoder needs head_dim a multiple of 16 and num_attention_heads a multiple \
+             of num_key_value_heads (this model: head_dim {}, {} heads, {} KV heads); export \
+             --decoder merged",
+            t.head_dim, t.num_heads, t.num_kv_heads
+        )));
+    }
+    Ok(())
+}
+
+/// RoPE tables `[positions, head_dim / 2]` like transformers computes them: float32 angles
+/// `position · inv_freq`, their cosine and sine.
+fn rope_tables(theta: f64, head_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let inv = layers::inv_freq(theta, head_dim);
+    let mut cos = Vec::with_capacity(positions * inv.len());
+    let mut sin = Vec::with_capacity(positions * inv.len());
+    for p in 0..positions {
+        for f in &inv {
+            let a = p as f32 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    (cos, sin)
+}
+
+/// Builds `<dir>/<stem>.onnx`. `step` is called once per decoder layer.
+pub fn build(
+    dir: &std::path::Path,
+    stem: &str,
+    cfg: &ModelConfig,
+    w: &dyn Weights,
+    e: Emit,
+    step: &mut dyn FnMut(),
+) -> Result<crate::graph::GraphInfo, ExportError> {
+    check(cfg, e.target)?;
+    let t = &cfg.text;
+    let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
+    let mut g = Graph::create(dir, stem)?;
+    let b = Dim::named("batch_size");
+    let s = Dim::named("sequence_length");
+    let cap = Dim::named("max_sequence_length");
+    let x0 = g.input(
+        "inputs_embeds",
+        e.act,
+        &[b.clone(), s, Dim::Fixed(d as i64)],
+    );
+    let seqlens = g.input("seqlens_k", DType::I32, std::slice::from_ref(&b));
+    let total = g.input("total_sequence_length", DType::I32, &[]);
+    let kv_dims = vec![
+        b.clone(),
+        Dim::Fixed(kvh as i64),
+        cap,
+        Dim::Fixed(hd as i64),
+    ];
+    let mut pasts = Vec::new();
+    for i in 0..t.num_layers {
+        let k = g.input(&format!("past_key_values.{i}.key"), e.act, &kv_dims);
+        let v = g.input(&format!("past_key_values.{i}.value"), e.act, &kv_dims);
+        pasts.push((k, v));
+    }
+    let positions = t.max_position_embeddings.max(1);
+    let (cos, sin) = rope_tables(t.rope_theta, hd, positions);
+    let table = [positions as i64, (hd / 2) as i64];
+    let cos = g.weight("decoder_rope_cos_cache", e.act, &table, &cos)?;
+    let sin = g.weight("decoder_rope_sin_cache", e.act, &table, &sin)?;
+
+    let q_shape = g.const_i64(&[0, 0, nh as i64, hd as i64]);
+    let kv_shape = g.const_i64(&[0, 0, kvh as i64, hd as i64]);
+    let q_flat = g.const_i64(&[0, 0, (nh * hd) as i64]);
+    let kv_flat = g.const_i64(&[0, 0, (kvh * hd) as i64]);
+    let eps = t.rms_norm_eps;
+    let mut x = x0;
+    for (i, (pk, pv)) in pasts.iter().enumerate() {
+        let pre = format!("{PREFIX}.layers.{i}");
+        let (nx, pres) = g.scoped(&format!("decoder.layers.{i}"), |g| {
+            let name = format!("{pre}.input_layernorm.weight");
+            let hn = layers::rms_norm(g, e, w, &x, &name, d, eps)?;
+            let (q, k, v) = qkv_normed(g, e, w, cfg, &pre, &hn, &q_shape, &kv_shape)?;
+            let q = g.op("Reshape", &[&q, &q_flat], &[]);
+            let k = g.op("Reshape", &[&k, &kv_flat], &[]);
+            let v = g.op("Reshape", &[&v, &kv_flat], &[]);
+            let outs = g.op_multi_in(
+                "com.microsoft",
+                "GroupQueryAttention",
+                &[&q, &k, &v, pk, pv, &seqlens, &total, &cos, &sin],
+                &[
+                    ("num_heads", Attr::Int(nh as i64)),
+                    ("kv_num_heads", Attr::Int(kvh as i64)),
+                    ("do_rotary", Attr::Int(1)),
+                    ("rotary_interleaved", Attr::Int(0)),
+                    ("scale", Attr::Float((hd as f32).powf(-0.5))),
+                ],
+                3,
+            );
+            let name = format!("{pre}.self_attn.o_proj.weight");
+            let o = layers::linear(g, e, w, &outs[0], &name, d, nh * hd)?;
+            let x1 = g.op("Add", &[&x, &o], &[]);
+            let m = mlp_block(g, e, w, cfg, &pre, &x1)?;
+            Ok::<_, ExportError>((m, [outs[1].clone(), outs[2].clone()]))
+        })?;
+        x = nx;
+        g.output(&pres[0], &format!("present.{i}.key"), e.act, &kv_dims);
+        g.output(&pres[1], &format!("present.{i}.value"), e.act, &kv_dims);
+        step();
+    }
+
+    let x = layers::rms_norm(&mut g, e, w, &x, &format!("{PREFIX}.norm.weight"), d, eps)?;
+    // Only the last position's logits: a decode step has one, a prompt needs only its last.
+    let starts = g.const_i64(&[-1]);
+    let ends = g.const_i64(&[i64::MAX]);
+    let axis = g.const_i64(&[1]);
+    let x = g.op("Slice", &[&x, &starts, &ends, &axis], &[]);
+    let logits = layers::linear(&mut g, e, w, &x, lm_head_name(cfg, w), t.vocab_size, d)?;
+    let logits = layers::cast(&mut g, &logits, e.act, DType::F32);
+    g.output(
+        &logits,
+        "logits",
+        DType::F32,
+        &[b, Dim::Fixed(1), Dim::Fixed(t.vocab_size as i64)],
+    );
+    g.finish(&[("", 21), ("com.microsoft", 1)], &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_tables_match_the_angles() {
+        let (cos, sin) = rope_tables(10000.0, 16, 3);
+        assert_eq!(cos.len(), 3 * 8);
+        assert_eq!((cos[0], sin[0]), (1.0, 0.0));
+        // Position 2, first frequency (inv_freq[0] = 1).
+        assert!((cos[16] - 2f32.cos()).abs() < 1e-7);
+        assert!((sin[16] - 2f32.sin()).abs() < 1e-7);
+    }
+}

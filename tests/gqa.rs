@@ -1,0 +1,188 @@
+//! The GQA decoder (`ocrctl export --decoder gqa`: GroupQueryAttention over a KV cache that
+//! the model allocates once and updates in place) against the transformers goldens on the
+//! CPU, alone and through the continuous-batching engine with sequences joining and leaving.
+
+mod common;
+use common::golden::{check_top5, golden, ids};
+use common::*;
+use ocrctl::backend::Backend;
+use ocrctl::engine::{Engine, GenRequest};
+use ocrctl::generate::{generate_greedy, GreedyOptions};
+use ocrctl::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::preprocess::{self, PreprocessConfig};
+use ocrctl::prompt::Prompter;
+use ocrctl::sampling::SamplingParams;
+use ocrctl_exporters::export::{DecoderVariant, Precision};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Same tolerances as `tests/parity.rs`.
+const FP32_LOGPROB_TOL: f32 = 1e-3;
+const FP16_LOGPROB_TOL: f32 = 0.05;
+
+static EXPORT: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+
+/// The fixture exported once with both decoders (fp32, fp16).
+fn export() -> &'static Path {
+    &EXPORT
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("tiny");
+            export_fixture(
+                &out,
+                &["--precision", "fp32,fp16", "--decoder", "merged,gqa"],
+            );
+            (dir, out)
+        })
+        .1
+}
+
+fn load(precision: Precision, slots: usize, max_seq: usize) -> OrtModel {
+    let opts = LoadOptions {
+        decoder: Some(DecoderVariant::Gqa),
+        kv_slots: slots,
+        max_sequence_length: max_seq,
+        ..LoadOptions::new(precision)
+    };
+    let m = OrtModel::load(export(), &opts).expect("model loads");
+    assert_eq!(m.decoder_variant(), DecoderVariant::Gqa);
+    m
+}
+
+/// 40 greedy steps per fixture image through `Backend::forward` (prefill, then B = 1
+/// decode runs in the sequence's slot): ids exact, top-5 log-probabilities within `tol`.
+fn check_generation(precision: Precision, tol: f32) {
+    let g = golden();
+    let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
+    let mut m = load(precision, 1, 0);
+    let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
+    let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
+    let mut worst = 0f32;
+    for im in g.images() {
+        let stem = im["stem"].as_str().unwrap();
+        let want = ids(&im["greedy_ids"]);
+        let p = preprocess::preprocess(&g.reference_image(im), &cfg);
+        let prompt = prompter.encode(&[p.num_image_tokens], None).unwrap();
+        let feats = m.encode_image(&p.pixel_values).unwrap();
+        let opts = GreedyOptions {
+            max_new_tokens: want.len(),
+            top_logprobs: 5,
+            stop_ids: vec![],
+            ignore_eos: true,
+        };
+        // One slot only: each image's cache must be freed for the next to get it.
+        let out = generate_greedy(&mut m, &prompt, image_token, Some(&feats), &opts).unwrap();
+        assert_eq!(out.token_ids, want, "{stem} ({precision:?}): greedy ids");
+        worst = worst.max(check_top5(stem, &out.top_logprobs, &im["top5"], tol));
+    }
+    eprintln!("GQA {precision:?}: max top-5 logprob difference {worst}");
+}
+
+#[test]
+fn fp32_gqa_greedy_generation_matches_the_reference() {
+    check_generation(Precision::Fp32, FP32_LOGPROB_TOL);
+}
+
+#[test]
+fn fp16_gqa_greedy_generation_matches_the_reference() {
+    check_generation(Precision::Fp16, FP16_LOGPROB_TOL);
+}
+
+/// Six requests with different lengths through the engine at batch 3 (3 slots): slots are
+/// taken, freed and reused as requests finish at different steps, decode steps mix
+/// sequences of different lengths in one run, and every request gets the reference's ids.
+#[test]
+fn batched_gqa_with_joins_and_leaves_equals_the_reference() {
+    let g = golden();
+    let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
+    let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
+    let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
+    for precision in [Precision::Fp32, Precision::Fp16] {
+        let mut engine = Engine {
+            backend: load(precision, 3, 0),
+            max_batch: 3,
+            image_token_id: image_token,
+        };
+        let images = g.images();
+        let lens = [40, 17, 40, 9, 28, 33];
+        let mut wants = Vec::new();
+        let reqs: Vec<GenRequest> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let im = &images[i % images.len()];
+                wants.push(ids(&im["greedy_ids"])[..n].to_vec());
+                let p = preprocess::preprocess(&g.reference_image(im), &cfg);
+                GenRequest {
+                    prompt_ids: prompter.encode(&[p.num_image_tokens], None).unwrap(),
+                    images: vec![p.pixel_values],
+                    params: SamplingParams::greedy(),
+                    max_new_tokens: n,
+                    stop_ids: vec![],
+                    ignore_eos: true,
+                    logprobs: false,
+                    top_logprobs: 0,
+                }
+            })
+            .collect();
+        // Twice: the second run finds every slot free again.
+        for round in 0..2 {
+            let out = engine.run(reqs.clone(), &mut |_| {});
+            for (i, (o, want)) in out.iter().zip(&wants).enumerate() {
+                let o = o.as_ref().unwrap_or_else(|e| panic!("request {i}: {e}"));
+                assert_eq!(
+                    &o.token_ids, want,
+                    "{precision:?} round {round} request {i}"
+                );
+            }
+        }
+    }
+}
+
+/// The cache holds `max_sequence_length` positions per sequence: a longer prompt is refused
+/// with the reason, and the slot it took is free again.
+#[test]
+fn a_sequence_longer_than_the_cache_is_refused() {
+    let mut m = load(Precision::Fp32, 1, 64);
+    assert_eq!(m.kv_capacity(), Some((1, 64)));
+    let e = m.embed(&[5; 70]).unwrap();
+    let err = match m.forward(e, None) {
+        Ok(_) => panic!("a 70-token prompt fit a 64-position cache"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("70 positions") && err.contains("max_sequence_length"),
+        "{err}"
+    );
+    let e = m.embed(&[5; 10]).unwrap();
+    assert!(m.forward(e, None).is_ok(), "the slot was given back");
+}
+
+/// Asking for a decoder the export lacks, or a GQA graph for TensorRT, says what to do.
+#[test]
+fn decoder_choice_errors_name_the_fix() {
+    let out = ocrctl(&[
+        "ocr",
+        "--model",
+        exported().to_str().unwrap(),
+        "--decoder",
+        "gqa",
+        fixture().join("images/aligned.png").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--decoder gqa"), "{err}");
+    let d = tempfile::tempdir().unwrap();
+    let err = ocrctl_err(&[
+        "export",
+        "--checkpoint",
+        checkpoint().to_str().unwrap(),
+        "--out",
+        d.path().join("x").to_str().unwrap(),
+        "--target",
+        "tensorrt",
+        "--decoder",
+        "gqa",
+    ]);
+    assert!(err.contains("--target ort"), "{err}");
+}
