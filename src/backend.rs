@@ -26,6 +26,16 @@ impl BackendError {
     }
 }
 
+/// What a decode step gives for one sequence: its logits, or only its greedy choice when
+/// the caller said that is all it needs (see [`Backend::decode_batch_select`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepLogits {
+    /// The whole distribution over the vocabulary.
+    Full(Vec<f32>),
+    /// The argmax of the logits (the lowest id on ties).
+    Argmax(u32),
+}
+
 /// A loaded model that can run one request (batch 1).
 pub trait Backend {
     /// Per-request decoder state (the KV cache).
@@ -65,5 +75,20 @@ pub trait Backend {
             out.push(c);
         }
         Ok((logits, out))
+    }
+
+    /// [`Backend::decode_batch`], where rows with `argmax_only[i]` (greedy, no penalty, no
+    /// log-probabilities) may come back as [`StepLogits::Argmax`]: a backend that picks the
+    /// token on the device then moves only its id to the host. The default returns full
+    /// logits for every row.
+    fn decode_batch_select(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<Self::Cache>,
+        argmax_only: &[bool],
+    ) -> Result<(Vec<StepLogits>, Vec<Self::Cache>), BackendError> {
+        let _ = argmax_only;
+        let (logits, caches) = self.decode_batch(tokens, caches)?;
+        Ok((logits.into_iter().map(StepLogits::Full).collect(), caches))
     }
 }

@@ -121,6 +121,20 @@ pub fn peak_rss_mib() -> Option<f64> {
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let (mut opts, _profile) = a.rt.load_options(&a.model)?;
     opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
+    let cfg = ocrctl_exporters::export::Manifest::load(&a.model)
+        .with_context(|| format!("--model {}", a.model.display()))?
+        .model;
+    let (prompter, pre) = crate::cmd_common::page_inputs(&a.model, &cfg)?;
+    if opts.max_sequence_length == 0 {
+        // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
+        let mut longest = 0;
+        for s in &a.sizes {
+            let (w, h) = parse_size(s)?;
+            let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
+            longest = longest.max(prompter.encode(&[p.num_image_tokens], None)?.len());
+        }
+        opts.max_sequence_length = longest + a.new_tokens + 1;
+    }
     let precision = opts.precision;
     let t0 = Instant::now();
     let mut model = OrtModel::load(&a.model, &opts)?;
@@ -134,8 +148,6 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         opts.providers.device_id.max(0) as usize,
     );
     gpu.poll();
-    let cfg = model.manifest.model.clone();
-    let (prompter, pre) = crate::cmd_common::page_inputs(&a.model, &cfg)?;
     let mut engine = Engine {
         backend: model,
         max_batch: 1,
@@ -206,6 +218,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 logprobs: false,
                 top_logprobs: 0,
             };
+            let before = engine.backend.kv_stats().clone();
             let t = Instant::now();
             let mut decode_start: Option<Instant> = None;
             let mut decode_tokens = 0usize;
@@ -226,7 +239,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             }
             let dec_s = decode_start.map_or(f64::NAN, |d| d.elapsed().as_secs_f64());
             let g = gpu.poll();
+            let after = engine.backend.kv_stats();
+            let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 * 1e-9;
             sweep.push(json!({
+                // Where decode steps spent their time: embedding the tokens, the decoder run
+                // (logits to the host included), copying the logits out (GQA decoder only);
+                // the rest of `seconds` is prefills and the engine's own work (sampling).
+                "step_embed_s": secs(after.step_embed_ns, before.step_embed_ns),
+                "step_decoder_run_s": secs(after.step_run_ns, before.step_run_ns),
+                "step_logits_s": secs(after.step_logits_ns, before.step_logits_ns),
                 "batch": b,
                 "size": format!("{}x{}", p.width, p.height),
                 "seconds": total,
@@ -245,6 +266,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "load_s": load_s,
         "peak_rss_mib": peak_rss_mib(),
         "provider": engine.backend.decoder_provider().name(),
+        "decoder": engine.backend.decoder_variant().part(),
+        "kv_cache": engine.backend.kv_capacity().map(|(s, p)| json!({"sequences": s, "positions": p})),
         "gpu_memory": gpu.total.json(),
         "kv": kv_json(&engine.backend),
         "results": rows,
@@ -272,6 +295,9 @@ fn kv_json(model: &OrtModel) -> serde_json::Value {
         "host_runs": s.host_runs,
         "repacks": s.repacks,
         "fallback": s.fallback,
+        "step_embed_s": s.step_embed_ns as f64 * 1e-9,
+        "step_decoder_run_s": s.step_run_ns as f64 * 1e-9,
+        "step_logits_s": s.step_logits_ns as f64 * 1e-9,
     })
 }
 
@@ -284,10 +310,11 @@ fn mib(v: &serde_json::Value) -> String {
 fn print_table(out: &serde_json::Value) {
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
-        "model {} ({}, {}), load {:.1}s, peak RSS {:.0} MiB",
+        "model {} ({}, {}, {}), load {:.1}s, peak RSS {:.0} MiB",
         out["model"].as_str().unwrap_or(""),
         out["precision"].as_str().unwrap_or(""),
         out["provider"].as_str().unwrap_or(""),
+        out["decoder"].as_str().unwrap_or(""),
         f(&out["load_s"]),
         f(&out["peak_rss_mib"]),
     );

@@ -37,7 +37,7 @@
 //! assert_eq!(tokens, 3);
 //! ```
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, StepLogits};
 use crate::generate::{
     argmax_and_top_k, log_sum_exp, merge_image_features, FinishReason, Generation, TokenLogprob,
 };
@@ -113,6 +113,8 @@ struct Active<C> {
     req: GenRequest,
     sampler: Sampler,
     logits: Vec<f32>,
+    /// The next token when the backend chose it (greedy rows; `logits` is then empty).
+    device_choice: Option<u32>,
     cache: C,
     out: Generation,
 }
@@ -163,6 +165,15 @@ fn empty_generation() -> Generation {
         top_logprobs: vec![],
         finish_reason: FinishReason::Length,
     }
+}
+
+/// Whether the argmax of a request's logits is all its next token needs: greedy, no
+/// repetition penalty, no log-probabilities.
+fn argmax_is_enough(req: &GenRequest) -> bool {
+    req.params.is_greedy()
+        && req.params.repetition_penalty == 1.0
+        && !req.logprobs
+        && req.top_logprobs == 0
 }
 
 /// The text of a caught panic's payload (`&str` or `String`), else a placeholder.
@@ -248,6 +259,7 @@ impl<B: Backend> Engine<B> {
                 req,
                 sampler,
                 logits,
+                device_choice: None,
                 cache,
                 out: empty_generation(),
             }),
@@ -270,6 +282,11 @@ impl<B: Backend> Engine<B> {
             // A panic while choosing one request's token (a bug, or logits a backend got
             // wrong) fails that request only; the others and the engine go on.
             let chosen = catch_unwind(AssertUnwindSafe(|| {
+                // The backend already chose (only asked of greedy rows without penalty or
+                // log-probabilities, for which the argmax is the whole answer).
+                if let Some(id) = a.device_choice.take() {
+                    return (id, None, Vec::new());
+                }
                 let top = if a.req.top_logprobs > 0 {
                     argmax_and_top_k(&a.logits, a.req.top_logprobs).1
                 } else {
@@ -340,20 +357,29 @@ impl<B: Backend> Engine<B> {
             .iter()
             .map(|a| *a.out.token_ids.last().expect("one token chosen"))
             .collect();
+        let argmax_only: Vec<bool> = keep.iter().map(|a| argmax_is_enough(&a.req)).collect();
         let mut metas = Vec::with_capacity(keep.len());
         let mut caches = Vec::with_capacity(keep.len());
         for a in keep {
             caches.push(a.cache);
             metas.push((a.index, a.req, a.sampler, a.out));
         }
-        match self.backend.decode_batch(&tokens, caches) {
+        match self
+            .backend
+            .decode_batch_select(&tokens, caches, &argmax_only)
+        {
             Ok((logits, caches)) => {
                 for ((m, l), c) in metas.into_iter().zip(logits).zip(caches) {
+                    let (logits, device_choice) = match l {
+                        StepLogits::Full(l) => (l, None),
+                        StepLogits::Argmax(id) => (Vec::new(), Some(id)),
+                    };
                     batch.active.push(Active {
                         index: m.0,
                         req: m.1,
                         sampler: m.2,
-                        logits: l,
+                        logits,
+                        device_choice,
                         cache: c,
                         out: m.3,
                     });

@@ -5,7 +5,8 @@
 //! this run, minus one); `total_sequence_length` (int32 scalar: the largest total length of
 //! the batch, read on the host); `past_key_values.{i}.key|value [B, kv_heads, max_seq,
 //! head_dim]`, a fixed-size cache whose rows `0..len` hold each sequence's keys and values.
-//! Outputs: `logits [B, 1, vocab]` (float32, last position only) and
+//! Outputs: `logits [B, 1, vocab]` (float32, last position only), `next_token [B, 1]` (int64,
+//! the argmax of the logits, so that greedy steps need not bring the logits to the host) and
 //! `present.{i}.key|value`, the same `[B, kv_heads, max_seq, head_dim]` buffers with the new
 //! positions written at rows `len..len+S`. Binding each present to the memory of its past
 //! (IoBinding) makes GQA update the cache in place: no concatenation, no copy, no repacking.
@@ -158,8 +159,16 @@ pub fn build(
         &logits,
         "logits",
         DType::F32,
-        &[b, Dim::Fixed(1), Dim::Fixed(t.vocab_size as i64)],
+        &[b.clone(), Dim::Fixed(1), Dim::Fixed(t.vocab_size as i64)],
     );
+    // The greedy choice on the device: a greedy step needs only these ids on the host, not
+    // the [B, vocab] logits (ties: the lowest id, like the runner's argmax).
+    let next = g.op(
+        "ArgMax",
+        &[&logits],
+        &[("axis", Attr::Int(-1)), ("keepdims", Attr::Int(0))],
+    );
+    g.output(&next, "next_token", DType::I64, &[b, Dim::Fixed(1)]);
     g.finish(&[("", 21), ("com.microsoft", 1)], &[])
 }
 

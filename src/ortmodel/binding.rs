@@ -64,6 +64,12 @@ pub struct KvStats {
     pub kv_location: Option<String>,
     /// Why the model fell back from [`KvPath::Bound`] to [`KvPath::Host`], if it did.
     pub fallback: Option<String>,
+    /// GQA decode steps: nanoseconds spent embedding the step's tokens, in the decoder run
+    /// (logits to host memory included), and picking each row's logits out (a profile of
+    /// the step on the host's side).
+    pub step_embed_ns: u64,
+    pub step_run_ns: u64,
+    pub step_logits_ns: u64,
 }
 
 /// Memory the decoder's outputs are bound to.

@@ -20,8 +20,7 @@
 //! (a safety net for host arrays); for these views that copy would be the whole cache, so the
 //! inputs are bound with ONNX Runtime's C `BindInput` directly ([`bind_input_in_place`]).
 
-use super::tensors::read_f;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, StepLogits};
 use half::f16;
 use ocrctl_exporters::graph::DType;
 use ort::memory::{Allocator, MemoryInfo};
@@ -65,6 +64,8 @@ pub(super) struct GqaCache {
     lens: Vec<usize>,
     past_names: Vec<std::ffi::CString>,
     present_names: Vec<String>,
+    /// Whether the graph has the `next_token` (argmax) output.
+    has_next_token: bool,
 }
 
 impl GqaCache {
@@ -126,6 +127,7 @@ impl GqaCache {
                 .map(|n| std::ffi::CString::new(n).expect("no NUL"))
                 .collect(),
             present_names: names("present"),
+            has_next_token: decoder.outputs().iter().any(|o| o.name() == "next_token"),
         })
     }
 
@@ -169,7 +171,11 @@ impl GqaCache {
     }
 
     /// Runs the decoder on `embeds [rows, S, hidden]` for slots `first..first + rows`, whose
-    /// lengths before the run are `lens` (S new positions each). Returns each row's logits.
+    /// lengths before the run are `lens` (S new positions each). Returns, for the rows in
+    /// `want` (index into the run's rows, whether its full logits are needed), in that order,
+    /// their logits or only their argmax, and the nanoseconds of the run and of reading the
+    /// results. When no row needs its logits they stay in device memory.
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
         decoder: &mut Session,
@@ -178,13 +184,15 @@ impl GqaCache {
         embeds: DynTensor,
         lens: &[usize],
         s: usize,
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        want: &[(usize, bool)],
+    ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         match self.elem {
-            DType::F16 => self.run_typed::<f16>(decoder, host, first, embeds, lens, s),
-            _ => self.run_typed::<f32>(decoder, host, first, embeds, lens, s),
+            DType::F16 => self.run_typed::<f16>(decoder, host, first, embeds, lens, s, want),
+            _ => self.run_typed::<f32>(decoder, host, first, embeds, lens, s, want),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_typed<T: PrimitiveTensorElementType + std::fmt::Debug + 'static>(
         &mut self,
         decoder: &mut Session,
@@ -193,7 +201,8 @@ impl GqaCache {
         embeds: DynTensor,
         lens: &[usize],
         s: usize,
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        want: &[(usize, bool)],
+    ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         let rows = lens.len();
         assert!(
@@ -237,18 +246,53 @@ impl GqaCache {
                 .map_err(rt)?;
             views.push(input);
         }
-        b.bind_output_to_device("logits", host).map_err(rt)?;
+        let full = !self.has_next_token || want.iter().any(|(_, f)| *f);
+        let logits_mem = if full { host } else { &self.kv_mem };
+        b.bind_output_to_device("logits", logits_mem).map_err(rt)?;
+        if self.has_next_token {
+            b.bind_output_to_device("next_token", host).map_err(rt)?;
+        }
         b.synchronize_inputs().map_err(rt)?;
+        let t = std::time::Instant::now();
         let mut out = decoder.run_binding(&b).map_err(rt)?;
+        let run_ns = t.elapsed().as_nanos() as u64;
+        let t = std::time::Instant::now();
+        let next = match out.remove("next_token") {
+            Some(v) => v
+                .try_extract_tensor::<i64>()
+                .map_err(|e| BackendError::runtime(PART, e))?
+                .1
+                .to_vec(),
+            None => Vec::new(),
+        };
         let logits = out
             .remove("logits")
             .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
-        let (shape, data) = read_f(&logits, PART)?;
+        // One copy of just the rows that need their logits (the graph's are float32).
+        let data = if full {
+            Some(
+                logits
+                    .try_extract_tensor::<f32>()
+                    .map_err(|e| BackendError::runtime(PART, e))?,
+            )
+        } else {
+            None
+        };
+        let rows_out = want
+            .iter()
+            .map(|&(r, need)| match &data {
+                Some((shape, d)) if need || next.is_empty() => {
+                    let vocab = shape[2] as usize;
+                    StepLogits::Full(d[r * vocab..(r + 1) * vocab].to_vec())
+                }
+                _ => StepLogits::Argmax(next[r] as u32),
+            })
+            .collect();
+        let read_ns = t.elapsed().as_nanos() as u64;
         drop(out);
         drop(b);
         drop(views);
-        let vocab = shape[2];
-        Ok(data.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        Ok((rows_out, run_ns, read_ns))
     }
 
     /// Lengths of slots `0..rows` for a decode step: `step` holds (slot, length) of the
@@ -314,27 +358,32 @@ impl super::OrtModel {
         let slot = slot_of(&cache)?;
         let data: Vec<f32> = embeds.into_iter().collect();
         let e = super::tensors::float_tensor(self.act, vec![1, s as i64, d as i64], data, PART)?;
-        let mut logits = g.run(
+        let (mut logits, _, _) = g.run(
             &mut self.decoder,
             &self.placement.host,
             slot,
             e,
             &[cache.len],
             s,
+            &[(0, true)],
         )?;
         cache.len += s;
         g.set_len(slot, cache.len);
         self.stats.bound_runs += 1;
-        Ok((logits.pop().expect("one row"), cache))
+        match logits.pop() {
+            Some(StepLogits::Full(l)) => Ok((l, cache)),
+            _ => Err(BackendError::runtime(PART, "no logits for the run's row")),
+        }
     }
 
-    /// [`crate::backend::Backend::decode_batch`] on the GQA path: one run over slots
-    /// `0..=highest` of the step's sequences.
+    /// [`crate::backend::Backend::decode_batch_select`] on the GQA path: one run over slots
+    /// `0..=highest` of the step's sequences; rows with `argmax_only` get the device's argmax.
     pub(super) fn gqa_decode_batch(
         &mut self,
         tokens: &[u32],
         mut caches: Vec<super::OrtCache>,
-    ) -> Result<(Vec<Vec<f32>>, Vec<super::OrtCache>), BackendError> {
+        argmax_only: &[bool],
+    ) -> Result<(Vec<StepLogits>, Vec<super::OrtCache>), BackendError> {
         let step = caches
             .iter()
             .map(|c| Ok((slot_of(c)?, c.len)))
@@ -351,15 +400,24 @@ impl super::OrtModel {
         for ((slot, _), t) in step.iter().zip(tokens) {
             ids[*slot] = *t;
         }
+        let t = std::time::Instant::now();
         let embeds = self.embed_ids(vec![ids.len() as i64, 1], &ids)?;
+        self.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
         let g = self.gqa.as_mut().expect("the GQA path has its cache");
-        let logits = g.run(&mut self.decoder, &self.placement.host, 0, embeds, &lens, 1)?;
+        let want: Vec<(usize, bool)> = step
+            .iter()
+            .enumerate()
+            .map(|(i, (slot, _))| (*slot, !argmax_only.get(i).copied().unwrap_or(false)))
+            .collect();
+        let (out, run_ns, read_ns) =
+            g.run(&mut self.decoder, &self.placement.host, 0, embeds, &lens, 1, &want)?;
         for (c, (slot, len)) in caches.iter_mut().zip(&step) {
             c.len = len + 1;
             g.set_len(*slot, c.len);
         }
         self.stats.bound_runs += 1;
-        let out = step.iter().map(|(slot, _)| logits[*slot].clone()).collect();
+        self.stats.step_run_ns += run_ns;
+        self.stats.step_logits_ns += read_ns;
         Ok((out, caches))
     }
 }

@@ -21,7 +21,7 @@ mod tensors;
 pub use binding::{KvPath, KvStats};
 pub use kv::OrtCache;
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, StepLogits};
 use crate::providers::{Provider, ProviderConfig};
 use binding::Placement;
 use kv::{BatchKv, KvDims};
@@ -454,13 +454,34 @@ impl Backend for OrtModel {
         Ok((last, OrtCache::own(kv, past + s)))
     }
 
+    fn decode_batch_select(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<OrtCache>,
+        argmax_only: &[bool],
+    ) -> Result<(Vec<StepLogits>, Vec<OrtCache>), BackendError> {
+        if self.gqa.is_some() {
+            return self.gqa_decode_batch(tokens, caches, argmax_only);
+        }
+        let (logits, caches) = self.decode_batch(tokens, caches)?;
+        Ok((logits.into_iter().map(StepLogits::Full).collect(), caches))
+    }
+
     fn decode_batch(
         &mut self,
         tokens: &[u32],
         caches: Vec<OrtCache>,
     ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
         if self.gqa.is_some() {
-            return self.gqa_decode_batch(tokens, caches);
+            let (rows, caches) = self.gqa_decode_batch(tokens, caches, &[])?;
+            let logits = rows
+                .into_iter()
+                .map(|r| match r {
+                    StepLogits::Full(l) => l,
+                    StepLogits::Argmax(_) => unreachable!("full logits were asked for"),
+                })
+                .collect();
+            return Ok((logits, caches));
         }
         if tokens.len() == 1 && caches.len() == 1 {
             // A batch of one needs no padding: feed its cache back as is. The batch cache,

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Markdown report of a scripts/gpu_compare.sh run: reads bench-<precision>-<decoder>.json and
+transformers.json from the results folder given as the only argument; prints markdown and writes
+summary.json beside the inputs."""
+import glob
+import json
+import os
+import sys
+
+d = sys.argv[1]
+rows, summary = [], {}
+for path in sorted(glob.glob(os.path.join(d, "bench-*.json"))):
+    b = json.load(open(path))
+    name = os.path.basename(path)[len("bench-"):-len(".json")]
+    res = {r["size"]: r for r in b["results"]}
+    a4 = next((r for r in b["results"] if r["size"].startswith("1092")), b["results"][0])
+    sq = next((r for r in b["results"] if r["size"] == "1540x1540"), None)
+    sweep = {s["batch"]: s for s in b["batch_sweep"]}
+    summary[name] = {
+        "decoder": b.get("decoder"), "precision": b["precision"],
+        "vision_ms_a4": a4["vision_ms"], "vision_ms_1540": sq and sq["vision_ms"],
+        "ttft_ms_a4": a4["ttft_ms"], "decode_tok_s_batch1": a4["decode_tokens_per_s"],
+        "pages_per_s": {k: v["pages_per_s"] for k, v in sweep.items()},
+        "decode_tok_s": {k: v["decode_tokens_per_s"] for k, v in sweep.items()},
+        "gpu_mib": {k: v.get("gpu_process_mib") for k, v in sweep.items()},
+        "new_tokens": b["new_tokens"], "kv_cache": b.get("kv_cache"),
+    }
+tf = None
+tp = os.path.join(d, "transformers.json")
+if os.path.exists(tp) and os.path.getsize(tp) > 0:
+    tf = json.load(open(tp))
+    summary["transformers-bf16"] = tf
+json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=1)
+
+
+def f(x, p=1):
+    return "–" if x is None else f"{x:.{p}f}"
+
+
+gpu = open(os.path.join(d, "gpu.txt")).read().strip() if os.path.exists(os.path.join(d, "gpu.txt")) else ""
+print(f"GPU: {gpu}\n")
+batches = sorted({b for s in summary.values() if "pages_per_s" in s for b in s["pages_per_s"]})
+head = ["", "vision A4 / 1540² ms", "TTFT A4 ms", "decode tok/s b1"] + [f"pages/s b{b}" for b in batches]
+print("| " + " | ".join(head) + " |")
+print("|" + "---|" * len(head))
+for name, s in summary.items():
+    if name == "transformers-bf16":
+        continue
+    cells = [f"ocrctl {name}", f"{f(s['vision_ms_a4'])} / {f(s['vision_ms_1540'])}", f(s["ttft_ms_a4"]),
+             f(s["decode_tok_s_batch1"], 0)] + [f(s["pages_per_s"].get(b), 3) for b in batches]
+    print("| " + " | ".join(cells) + " |")
+if tf:
+    tb = {x["batch"]: x for x in tf.get("batch_sweep", [])}
+    cells = [f"transformers bf16 ({tf['new_tokens']} new tokens)", f"{f(tf.get('vision_ms'))} / –",
+             f(tf.get("ttft_ms")), f(tf.get("decode_tokens_per_s_batch1"), 0)]
+    cells += [f(tb.get(b, {}).get("pages_per_s"), 3) for b in batches]
+    print("| " + " | ".join(cells) + " |")
+print()
+print("Decode tokens/s and process GPU MiB per batch:\n")
+for name, s in summary.items():
+    if name == "transformers-bf16":
+        continue
+    parts = [f"b{b}: {f(s['decode_tok_s'].get(b), 0)} tok/s, {f(s['gpu_mib'].get(b), 0)} MiB" for b in batches]
+    print(f"- {name} ({s['new_tokens']} new tokens, KV {s['kv_cache']}): " + "; ".join(parts))
