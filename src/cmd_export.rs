@@ -58,7 +58,8 @@ pub struct ExportArgs {
     /// Decoder graphs to write, comma-separated: `merged` (KV cache concatenated each step;
     /// any runtime, TensorRT too) and/or `gqa` (GroupQueryAttention over a fixed cache
     /// updated in place; ONNX Runtime CPU/CUDA, the fast GPU path). The runner prefers gqa.
-    #[arg(long, default_value = "merged", value_delimiter = ',', value_parser = parse_decoder)]
+    /// Default: both for `--target ort`, merged for `--target tensorrt`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_decoder)]
     decoder: Vec<DecoderVariant>,
     /// Path of libonnxruntime.so for --calibrate (default: found automatically).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
@@ -170,7 +171,11 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
         },
         awq: None,
         calibration_graphs: false,
-        decoders: a.decoder.clone(),
+        decoders: match (a.decoder.is_empty(), a.target) {
+            (false, _) => a.decoder.clone(),
+            (true, Target::Ort) => vec![DecoderVariant::Merged, DecoderVariant::Gqa],
+            (true, _) => vec![DecoderVariant::Merged],
+        },
     };
     let start = Instant::now();
     let mut opts = opts;

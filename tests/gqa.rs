@@ -13,28 +13,15 @@ use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
 use ocrctl::sampling::SamplingParams;
 use ocrctl_exporters::export::{DecoderVariant, Precision};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
 /// Same tolerances as `tests/parity.rs`.
 const FP32_LOGPROB_TOL: f32 = 1e-3;
 const FP16_LOGPROB_TOL: f32 = 0.05;
 
-static EXPORT: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-
-/// The fixture exported once with both decoders (fp32, fp16).
+/// The fixture export (fp32, fp16), which has both decoders by default.
 fn export() -> &'static Path {
-    &EXPORT
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("tiny");
-            export_fixture(
-                &out,
-                &["--precision", "fp32,fp16", "--decoder", "merged,gqa"],
-            );
-            (dir, out)
-        })
-        .1
+    exported()
 }
 
 fn load(precision: Precision, slots: usize, max_seq: usize) -> OrtModel {
@@ -163,10 +150,13 @@ fn a_sequence_longer_than_the_cache_is_refused() {
 /// Asking for a decoder the export lacks, or a GQA graph for TensorRT, says what to do.
 #[test]
 fn decoder_choice_errors_name_the_fix() {
+    let d = tempfile::tempdir().unwrap();
+    let merged_only = d.path().join("merged");
+    export_fixture(&merged_only, &["--decoder", "merged"]);
     let out = ocrctl(&[
         "ocr",
         "--model",
-        exported().to_str().unwrap(),
+        merged_only.to_str().unwrap(),
         "--decoder",
         "gqa",
         fixture().join("images/aligned.png").to_str().unwrap(),
@@ -174,7 +164,6 @@ fn decoder_choice_errors_name_the_fix() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("--decoder gqa"), "{err}");
-    let d = tempfile::tempdir().unwrap();
     let err = ocrctl_err(&[
         "export",
         "--checkpoint",

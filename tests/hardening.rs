@@ -260,14 +260,15 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     let m = export_copy(dir.path());
     let ok = common::ocrctl_ok(&["verify", m.to_str().unwrap()]);
     assert!(ok.contains("intact"), "{ok}");
-    let data = m.join("onnx/decoder_model_merged.onnx_data");
+    // The decoder a default load reads (the GQA one).
+    let data = m.join("onnx/decoder_model_gqa.onnx_data");
     let mut b = std::fs::read(&data).unwrap();
     let i = b.len() / 2;
     b[i] ^= 0x40;
     std::fs::write(&data, &b).unwrap();
     let err = common::ocrctl_err(&["verify", m.to_str().unwrap()]);
     assert!(
-        err.contains("decoder_model_merged.onnx_data") && err.contains("sha256"),
+        err.contains("decoder_model_gqa.onnx_data") && err.contains("sha256"),
         "{err}"
     );
     let img = image("aligned.png");
@@ -288,7 +289,7 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     let out = run(&[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("decoder_model_merged.onnx_data"), "{err}");
+    assert!(err.contains("decoder_model_gqa.onnx_data"), "{err}");
     assert!(
         run(&["--no-verify"]).status.success(),
         "--no-verify loads it"

@@ -9,7 +9,7 @@ use common::*;
 use ocrctl::backend::Backend;
 use ocrctl::generate::argmax_and_top_k;
 use ocrctl::ortmodel::{KvPath, KvStats, LoadOptions, OrtCache, OrtModel};
-use ocrctl_exporters::export::Precision;
+use ocrctl_exporters::export::{DecoderVariant, Precision};
 
 /// One sequence being decoded: its prompt, the tokens chosen so far, the logits seen at each
 /// step (prefill first) and its cache.
@@ -86,7 +86,12 @@ fn schedule(m: &mut OrtModel) -> Vec<Seq> {
 }
 
 fn load(precision: Precision, path: KvPath) -> OrtModel {
-    let mut m = OrtModel::load(exported(), &LoadOptions::new(precision)).unwrap();
+    // The merged decoder's cache paths (the GQA decoder has its own tests in tests/gqa.rs).
+    let opts = LoadOptions {
+        decoder: Some(DecoderVariant::Merged),
+        ..LoadOptions::new(precision)
+    };
+    let mut m = OrtModel::load(exported(), &opts).unwrap();
     assert_eq!(m.kv_path(), KvPath::Bound, "binding is the default");
     m.set_kv_path(path);
     m

@@ -17,7 +17,7 @@ use ocrctl::generate::{generate_greedy, GreedyOptions};
 use ocrctl::ortmodel::{LoadOptions, OrtModel};
 use ocrctl::preprocess::{self, PreprocessConfig};
 use ocrctl::prompt::Prompter;
-use ocrctl_exporters::export::Precision;
+use ocrctl_exporters::export::{DecoderVariant, Precision};
 use serde_json::Value;
 
 /// Largest allowed |Δ| of an image feature, fp32 (features reach ~57 in the fixture).
@@ -30,7 +30,12 @@ pub const FP32_LOGPROB_TOL: f32 = 1e-3;
 pub const FP16_LOGPROB_TOL: f32 = 0.05;
 
 fn load(precision: Precision) -> OrtModel {
-    OrtModel::load(exported(), &LoadOptions::new(precision)).expect("model loads")
+    // The merged decoder; tests/gqa.rs checks the GQA decoder against the same goldens.
+    let opts = LoadOptions {
+        decoder: Some(DecoderVariant::Merged),
+        ..LoadOptions::new(precision)
+    };
+    OrtModel::load(exported(), &opts).expect("model loads")
 }
 
 #[test]

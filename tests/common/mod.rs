@@ -70,7 +70,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 static EXPORT: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
 
-/// The fixture exported once (fp32 + fp16, ORT target) for this test binary.
+/// The fixture exported once (fp32 + fp16, ORT target, both decoders) for this test binary.
 pub fn exported() -> &'static Path {
     &EXPORT
         .get_or_init(|| {
