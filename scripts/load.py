@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="generate max_tokens every time (random weights stop at random)")
     a = ap.parse_args()
     url = urllib.parse.urlparse(a.url)
     mime = mimetypes.guess_type(a.image)[0] or "image/png"
@@ -46,6 +48,7 @@ def main() -> None:
         "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data}}]}],
         "max_tokens": a.max_tokens,
         "temperature": 0,
+        "ignore_eos": a.ignore_eos,
     }).encode()
     lock = threading.Lock()
     todo = list(range(a.requests))
