@@ -77,6 +77,12 @@ pub trait Backend {
         Ok((logits, out))
     }
 
+    /// How many more sequences the backend's cache can take now, when it has a fixed number
+    /// (a KV cache allocated once); `None` when caches grow per sequence without a fixed pool.
+    fn free_sequences(&self) -> Option<usize> {
+        None
+    }
+
     /// [`Backend::decode_batch`], where rows with `argmax_only[i]` (greedy, no penalty, no
     /// log-probabilities) may come back as [`StepLogits::Argmax`]: a backend that picks the
     /// token on the device then moves only its id to the host. The default returns full

@@ -221,9 +221,11 @@ impl<B: Backend> Engine<B> {
         self.backend.forward(e, None)
     }
 
-    /// Whether `batch` has room for another request.
+    /// Whether `batch` has room for another request: fewer than `max_batch` decoding, and a
+    /// free sequence in the backend's cache when it has a fixed one (a full cache makes new
+    /// requests wait for a running one to finish instead of failing).
     pub fn has_room(&self, batch: &Batch<B::Cache>) -> bool {
-        batch.len() < self.max_batch.max(1)
+        batch.len() < self.max_batch.max(1) && self.backend.free_sequences() != Some(0)
     }
 
     /// Adds request `index` to `batch` after running its prefill. A request that cannot

@@ -177,3 +177,91 @@ fn decoder_choice_errors_name_the_fix() {
     ]);
     assert!(err.contains("--target ort"), "{err}");
 }
+
+/// More requests than cache slots (batch 4 over 2 slots): the engine waits for a slot
+/// instead of failing a request, and every request still gets the reference's ids.
+#[test]
+fn a_full_cache_makes_requests_wait() {
+    let g = golden();
+    let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
+    let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
+    let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
+    let mut engine = Engine {
+        backend: load(Precision::Fp32, 2, 0),
+        max_batch: 4,
+        image_token_id: image_token,
+    };
+    let mut wants = Vec::new();
+    let reqs: Vec<GenRequest> = g
+        .images()
+        .iter()
+        .map(|im| {
+            wants.push(ids(&im["greedy_ids"])[..12].to_vec());
+            let p = preprocess::preprocess(&g.reference_image(im), &cfg);
+            let mut r = GenRequest::text(prompter.encode(&[p.num_image_tokens], None).unwrap(), 12);
+            r.images = vec![p.pixel_values];
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let out = engine.run(reqs, &mut |_| {});
+    for (i, (o, want)) in out.iter().zip(&wants).enumerate() {
+        assert_eq!(&o.as_ref().unwrap().token_ids, want, "request {i}");
+    }
+    assert_eq!(engine.backend.free_sequences(), Some(2));
+}
+
+/// 10 000 random events (joins, steps, cancels by the client) on a 3-slot cache: no slot
+/// is ever lost, and the engine never fails a request for want of one.
+#[test]
+fn slots_never_leak_under_random_joins_leaves_and_cancels() {
+    use ocrctl::engine::{Batch, Event, Flow};
+    let mut engine = Engine {
+        backend: load(Precision::Fp32, 3, 256),
+        max_batch: 3,
+        image_token_id: u32::MAX,
+    };
+    let mut batch = Batch::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let (mut next, mut done, mut failed) = (0usize, 0usize, Vec::new());
+    for _ in 0..10_000 {
+        if rand(3) == 0 && engine.has_room(&batch) {
+            let prompt: Vec<u32> = (0..1 + rand(20)).map(|_| 3 + rand(300) as u32).collect();
+            let req = GenRequest::text(prompt, 1 + rand(30) as usize);
+            engine.admit(&mut batch, next, req, &mut |ev| {
+                if let Event::Done { result: Err(e), .. } = ev {
+                    failed.push(e.clone());
+                }
+                Flow::Continue
+            });
+            next += 1;
+        } else if !batch.is_empty() {
+            let cancel = rand(40) == 0;
+            engine.step(&mut batch, &mut |ev| match ev {
+                Event::Done { result, .. } => {
+                    if let Err(e) = result {
+                        if e != "cancelled" {
+                            failed.push(e.clone());
+                        }
+                    }
+                    done += 1;
+                    Flow::Continue
+                }
+                _ if cancel => Flow::Cancel,
+                _ => Flow::Continue,
+            });
+        }
+        let free = engine.backend.free_sequences().unwrap();
+        assert_eq!(free + batch.len(), 3, "slots taken = sequences decoding");
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(next > 1000 && done > 1000, "{next} admitted, {done} done");
+    drop(batch);
+    assert_eq!(engine.backend.free_sequences(), Some(3));
+}

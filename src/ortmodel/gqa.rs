@@ -153,6 +153,16 @@ impl GqaCache {
         })
     }
 
+    /// Slots not taken.
+    pub fn free(&self) -> usize {
+        self.taken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|t| !**t)
+            .count()
+    }
+
     /// Whether slot `i` is taken.
     fn is_taken(&self, i: usize) -> bool {
         self.taken.lock().unwrap_or_else(|e| e.into_inner())[i]
@@ -409,8 +419,15 @@ impl super::OrtModel {
             .enumerate()
             .map(|(i, (slot, _))| (*slot, !argmax_only.get(i).copied().unwrap_or(false)))
             .collect();
-        let (out, run_ns, read_ns) =
-            g.run(&mut self.decoder, &self.placement.host, 0, embeds, &lens, 1, &want)?;
+        let (out, run_ns, read_ns) = g.run(
+            &mut self.decoder,
+            &self.placement.host,
+            0,
+            embeds,
+            &lens,
+            1,
+            &want,
+        )?;
         for (c, (slot, len)) in caches.iter_mut().zip(&step) {
             c.len = len + 1;
             g.set_len(*slot, c.len);

@@ -454,6 +454,10 @@ impl Backend for OrtModel {
         Ok((last, OrtCache::own(kv, past + s)))
     }
 
+    fn free_sequences(&self) -> Option<usize> {
+        self.gqa.as_ref().map(|g| g.free())
+    }
+
     fn decode_batch_select(
         &mut self,
         tokens: &[u32],
