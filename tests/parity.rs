@@ -227,3 +227,33 @@ fn the_cli_prints_the_reference_tokens_and_text() {
         im["greedy_until_eos_text"].as_str().unwrap()
     );
 }
+
+/// The export's processor files make onnx-community readers (transformers.js,
+/// fast-lightonocr) build LightOnOCR's prompt: no Pixtral row-break or image-end tokens
+/// (the checkpoint's file names them), and a `preprocessor_config.json` with the image settings.
+#[test]
+fn the_exported_processor_files_give_consumers_lightonocrs_prompt() {
+    let read = |n: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(exported().join(n)).unwrap()).unwrap()
+    };
+    let source: Value = serde_json::from_str(
+        &std::fs::read_to_string(checkpoint().join("processor_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(source["image_break_token"], "<|vision_pad|>");
+    let p = read("processor_config.json");
+    assert_eq!(
+        (
+            p["image_break_token"].as_str(),
+            p["image_end_token"].as_str()
+        ),
+        (Some(""), Some(""))
+    );
+    assert_eq!(p["image_processor"], source["image_processor"]);
+    let pre = read("preprocessor_config.json");
+    assert_eq!(
+        pre["image_processor_type"],
+        source["image_processor"]["image_processor_type"]
+    );
+    assert_eq!(pre["patch_size"], 14);
+}

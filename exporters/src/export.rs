@@ -412,6 +412,7 @@ pub fn export(
             }
             (cfg, Box::new(ck), files)
         };
+    crate::processor::adapt(&tmp_path)?;
     check_int4(opts, &cfg)?;
     if opts.decoders.is_empty() {
         return Err(ExportError::Invalid("no decoder graph requested".into()));

@@ -29,6 +29,7 @@ pub mod embed;
 pub mod export;
 pub mod graph;
 pub mod layers;
+pub mod processor;
 pub mod proto;
 pub mod quant;
 pub mod verify;

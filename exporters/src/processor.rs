@@ -1,0 +1,103 @@
+//! The processor files of an export, adjusted so that the tools that read the onnx-community
+//! layout (transformers.js, fast-lightonocr) build LightOnOCR's prompt.
+//!
+//! LightOnOCR checkpoints ship Pixtral's `processor_config.json`, whose `image_break_token`
+//! and `image_end_token` make a Pixtral processor insert a break token after every row of
+//! image patches and an end token after the image. LightOnOCR, transformers' LightOnOCR
+//! processor and vLLM use neither: the prompt holds `image_token × (rows · cols)` alone, and
+//! with the two tokens the full-size model's first answer token changes. The export writes
+//! them as `""` (no such token), which those readers honour. `preprocessor_config.json`, which
+//! transformers.js reads for the image settings, is written from the processor's
+//! `image_processor` block (or its flat settings) when the checkpoint has none. ocrctl reads
+//! neither field: its prompt and preprocessing already follow LightOnOCR.
+
+use crate::ExportError;
+use serde_json::Value;
+use std::path::Path;
+
+/// The keys that would add Pixtral's row-break and image-end tokens to a prompt.
+pub const PIXTRAL_LAYOUT_KEYS: [&str; 2] = ["image_break_token", "image_end_token"];
+
+/// Adjusts `processor_config.json` in the export directory `dir` (if present) and writes
+/// `preprocessor_config.json` beside it when missing.
+pub fn adapt(dir: &Path) -> Result<(), ExportError> {
+    let path = dir.join("processor_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let mut v: Value = serde_json::from_str(&text)
+        .map_err(|e| ExportError::config(&path, format!("not valid JSON: {e}")))?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err(ExportError::config(&path, "expected a JSON object"));
+    };
+    for key in PIXTRAL_LAYOUT_KEYS {
+        if obj.contains_key(key) {
+            obj.insert(key.to_string(), Value::String(String::new()));
+        }
+    }
+    let image_processor = match obj.get("image_processor") {
+        Some(ip @ Value::Object(_)) => Some(ip.clone()),
+        // An older flat layout: the image settings are the object itself.
+        _ if obj.contains_key("image_processor_type") => Some(Value::Object(obj.clone())),
+        _ => None,
+    };
+    let out = serde_json::to_string_pretty(&v).expect("JSON");
+    std::fs::write(&path, out).map_err(|e| ExportError::io(&path, e))?;
+    let pre = dir.join("preprocessor_config.json");
+    if let (Some(mut ip), false) = (image_processor, pre.exists()) {
+        if let Some(o) = ip.as_object_mut() {
+            for key in PIXTRAL_LAYOUT_KEYS {
+                o.remove(key);
+            }
+            // What the processor keeps beside the image settings, readers want here too.
+            for key in ["patch_size", "spatial_merge_size"] {
+                if let (false, Some(x)) = (o.contains_key(key), v.get(key)) {
+                    o.insert(key.to_string(), x.clone());
+                }
+            }
+        }
+        let out = serde_json::to_string_pretty(&ip).expect("JSON");
+        std::fs::write(&pre, out).map_err(|e| ExportError::io(&pre, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn break_and_end_tokens_are_cleared_and_a_preprocessor_config_is_written() {
+        let d = tempfile::tempdir().unwrap();
+        let proc = json!({
+            "image_break_token": "<|vision_pad|>", "image_end_token": "<|vision_end|>",
+            "image_token": "<|image_pad|>", "patch_size": 14, "spatial_merge_size": 2,
+            "image_processor": {"image_processor_type": "PixtralImageProcessorFast",
+                                "size": {"longest_edge": 1540}}
+        });
+        std::fs::write(d.path().join("processor_config.json"), proc.to_string()).unwrap();
+        adapt(d.path()).unwrap();
+        let read = |n: &str| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(d.path().join(n)).unwrap()).unwrap()
+        };
+        let p = read("processor_config.json");
+        assert_eq!(p["image_break_token"], "");
+        assert_eq!(p["image_end_token"], "");
+        assert_eq!(p["image_token"], "<|image_pad|>");
+        assert_eq!(p["image_processor"]["size"]["longest_edge"], 1540);
+        let pre = read("preprocessor_config.json");
+        assert_eq!(pre["image_processor_type"], "PixtralImageProcessorFast");
+        assert_eq!(
+            (pre["patch_size"].clone(), pre["spatial_merge_size"].clone()),
+            (json!(14), json!(2))
+        );
+        // A checkpoint's own preprocessor_config.json is kept; no processor file, no change.
+        std::fs::write(d.path().join("preprocessor_config.json"), "{\"mine\": 1}").unwrap();
+        adapt(d.path()).unwrap();
+        assert_eq!(read("preprocessor_config.json")["mine"], 1);
+        let empty = tempfile::tempdir().unwrap();
+        adapt(empty.path()).unwrap();
+        assert!(!empty.path().join("preprocessor_config.json").exists());
+    }
+}
