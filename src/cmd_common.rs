@@ -21,28 +21,28 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 #[derive(Args, Debug, Clone)]
 pub struct RuntimeArgs {
     /// Hardware profile (`16gb`, `24gb`, `80gb`, `cpu`, or a YAML file).
-    #[arg(long)]
+    #[arg(long, env = "OCRCTL_PROFILE")]
     pub profile: Option<String>,
     /// Which exported graphs to run: fp32, fp16, int4 or int4-fp16 (default: the
     /// profile's, else fp32).
-    #[arg(long)]
+    #[arg(long, env = "OCRCTL_PRECISION")]
     pub precision: Option<String>,
     /// Execution providers in order of preference: tensorrt, cuda, cpu (default: the
     /// profile's, else cpu).
-    #[arg(long, value_delimiter = ',', value_parser = parse_provider)]
+    #[arg(long, env = "OCRCTL_PROVIDERS", value_delimiter = ',', value_parser = parse_provider)]
     pub providers: Option<Vec<Provider>>,
     /// Fail instead of falling back when a listed provider is unavailable.
-    #[arg(long)]
+    #[arg(long, env = "OCRCTL_STRICT_PROVIDERS")]
     pub strict_providers: bool,
     /// ONNX Runtime intra-op threads (0 = all cores; default: the profile's).
-    #[arg(long)]
+    #[arg(long, env = "OCRCTL_THREADS")]
     pub threads: Option<usize>,
     /// Path of libonnxruntime.so (default: found automatically, see the README).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     pub ort_lib: Option<PathBuf>,
     /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs on the CPU: 0 computes in
     /// float, 4 (ONNX Runtime's default) quantizes activations to int8.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
+    #[arg(long, env = "OCRCTL_ACCURACY_LEVEL", default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
     pub accuracy_level: u8,
     /// Decoder graph to run: `gqa` (KV cache updated in place; the default when the export
     /// has it) or `merged`.

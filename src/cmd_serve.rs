@@ -88,7 +88,8 @@ pub struct ServeArgs {
 /// Runs the server until SIGTERM/SIGINT.
 pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.rt.profile.is_none() {
-        a.rt.profile = Some(std::env::var("OCRCTL_PROFILE").unwrap_or_else(|_| "cpu".into()));
+        // `--profile` / `OCRCTL_PROFILE` were not given.
+        a.rt.profile = Some("cpu".into());
     }
     let (mut opts, profile) = a.rt.load_options(&a.model)?;
     let profile = profile.expect("a profile is always set above");

@@ -309,3 +309,33 @@ fn a_missing_pdfium_library_is_named_with_the_fix() {
         "{e}"
     );
 }
+
+/// The runtime options read `OCRCTL_*` like serve's own do (issue 12.6): a precision given only
+/// through `OCRCTL_PRECISION` reaches `ocr` and `serve`.
+#[test]
+fn runtime_options_read_their_environment_variables() {
+    let model = common::exported();
+    let img = fixture().join("images/aligned.png");
+    for args in [
+        vec![
+            "ocr",
+            "--model",
+            model.to_str().unwrap(),
+            img.to_str().unwrap(),
+        ],
+        vec!["serve", "--model", model.to_str().unwrap(), "--port", "0"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+            .args(&args)
+            .env("OCRCTL_PRECISION", "int4")
+            .env("OCRCTL_PROFILE", "cpu")
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            e.contains("int4") && e.contains("was not exported"),
+            "{args:?}: {e}"
+        );
+    }
+}
