@@ -297,6 +297,13 @@ impl OrtModel {
                 Some(cache)
             }
         };
+        let gqa_location = gqa.as_ref().map(|_| {
+            format!(
+                "{}:{}",
+                placement.kv.allocation_device().as_str(),
+                placement.kv.device_id()
+            )
+        });
         Ok(OrtModel {
             gqa,
             act,
@@ -307,7 +314,11 @@ impl OrtModel {
             placement,
             repacker,
             kv_path: KvPath::Bound,
-            stats: KvStats::default(),
+            stats: KvStats {
+                // The GQA cache lives where it was allocated, from the first run on.
+                kv_location: gqa_location,
+                ..KvStats::default()
+            },
             warned_placement: false,
             past_names: kv_names("past_key_values", t.num_layers),
             present_names: kv_names("present", t.num_layers),
