@@ -150,6 +150,20 @@ impl RuntimeArgs {
     }
 }
 
+/// An error and its causes on one line, each cause once: errors that already print their
+/// cause (`path: No such file or directory`) are not followed by it a second time.
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
+}
+
 /// The prompt builder and image preprocessing of the exported model in `dir` (whose
 /// normalised config is `cfg`): what every command that reads pages needs.
 pub fn page_inputs(dir: &Path, cfg: &ModelConfig) -> anyhow::Result<(Prompter, PreprocessConfig)> {

@@ -282,7 +282,11 @@ fn run_pages(
             }
             Err(e) => {
                 let mut o = out.borrow_mut();
-                let msg = named(&o.page_name(d, page), &doc.path, format!("{e:#}"));
+                let msg = named(
+                    &o.page_name(d, page),
+                    &doc.path,
+                    crate::cmd_common::describe(&e),
+                );
                 o.finish(unit, Err(msg));
                 None
             }

@@ -63,7 +63,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cmd_common::describe(&e));
             ExitCode::FAILURE
         }
     }

@@ -339,3 +339,52 @@ fn runtime_options_read_their_environment_variables() {
         );
     }
 }
+
+/// `--model` at the wrong kind of folder says what the folder is and what to run, once, with
+/// no OS error printed twice (issue 12.3); `--checkpoint` at an empty folder likewise.
+#[test]
+fn wrong_directories_are_named_with_the_fix() {
+    let img = fixture().join("images/aligned.png");
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("notes.txt");
+    std::fs::write(&file, "x").unwrap();
+    let empty = d.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let cases: [(&Path, &str); 4] = [
+        (
+            &checkpoint(),
+            "is a checkpoint, not an export: run `ocrctl export --checkpoint",
+        ),
+        (&d.path().join("missing"), "no such directory"),
+        (&file, "is a file"),
+        (&empty, "is not an ocrctl export (it has no ocrctl.json)"),
+    ];
+    for (model, want) in cases {
+        let e = ocrctl_err(&[
+            "ocr",
+            "--model",
+            model.to_str().unwrap(),
+            img.to_str().unwrap(),
+        ]);
+        assert!(e.contains(want), "{}: {e}", model.display());
+        assert!(!e.contains("os error"), "{e}");
+    }
+    let e = ocrctl_err(&[
+        "export",
+        "--checkpoint",
+        empty.to_str().unwrap(),
+        "--out",
+        d.path().join("out").to_str().unwrap(),
+    ]);
+    assert!(e.contains("not a checkpoint (no config.json)"), "{e}");
+    // An OS error that is the cause is printed once.
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        exported().to_str().unwrap(),
+        "--precision",
+        "fp32",
+        d.path().join("nope.png").to_str().unwrap(),
+    ]);
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+}

@@ -274,12 +274,38 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Reads `<dir>/ocrctl.json`.
+    /// Reads `<dir>/ocrctl.json`. A `dir` that is not an export gets an error that says what
+    /// it is (missing, a file, a checkpoint, another folder) and what to run.
     pub fn load(dir: &Path) -> Result<Manifest, ExportError> {
         let p = dir.join(MANIFEST);
+        if !p.is_file() {
+            return Err(ExportError::Invalid(not_an_export(dir)));
+        }
         let text = std::fs::read_to_string(&p).map_err(|e| ExportError::io(&p, e))?;
         serde_json::from_str(&text)
             .map_err(|e| ExportError::config(&p, format!("not an ocrctl manifest: {e}")))
+    }
+}
+
+/// Why `dir` is not an export, and what to do about it.
+fn not_an_export(dir: &Path) -> String {
+    let d = dir.display();
+    let export = format!("ocrctl export --checkpoint CHECKPOINT --out {d}");
+    if !dir.exists() {
+        format!("{d}: no such directory; --model takes a folder written by `{export}`")
+    } else if !dir.is_dir() {
+        format!("{d} is a file; --model takes the folder an export wrote (`{export}`)")
+    } else if dir.join("config.json").is_file()
+        && std::fs::read_dir(dir).is_ok_and(|mut it| {
+            it.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".safetensors")))
+        })
+    {
+        format!(
+            "{d} is a checkpoint, not an export: run `ocrctl export --checkpoint {d} --out OUT` \
+             first, then pass --model OUT"
+        )
+    } else {
+        format!("{d} is not an ocrctl export (it has no {MANIFEST}); make one with `{export}`")
     }
 }
 
@@ -387,6 +413,14 @@ pub fn export(
             if !dir.is_dir() {
                 return Err(ExportError::Invalid(format!(
                     "{}: checkpoint directory not found",
+                    dir.display()
+                )));
+            }
+            if !dir.join("config.json").is_file() {
+                return Err(ExportError::Invalid(format!(
+                    "{}: not a checkpoint (no config.json); --checkpoint takes a LightOnOCR \
+                     checkpoint folder (config.json, model.safetensors or shards, tokenizer.json) \
+                     or dummy:lightonocr-2-1b",
                     dir.display()
                 )));
             }
