@@ -37,13 +37,13 @@ pub struct ExportArgs {
     #[arg(long)]
     force: bool,
     /// INT4 block size (rows of a weight column sharing one scale): a power of two >= 16
-    /// dividing every Linear's input width.
-    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
-    block_size: usize,
-    /// INT4 layout: `qdq` (DequantizeLinear + MatMul: TensorRT, CUDA and CPU) or
-    /// `matmulnbits` (com.microsoft.MatMulNBits, ONNX Runtime only).
-    #[arg(long, default_value = "qdq", value_parser = parse_format)]
-    int4_format: Int4Format,
+    /// dividing every Linear's input width (default 32).
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// INT4 layout: `qdq` (DequantizeLinear + MatMul: TensorRT, CUDA and CPU; the default)
+    /// or `matmulnbits` (com.microsoft.MatMulNBits, ONNX Runtime only).
+    #[arg(long, value_parser = parse_format)]
+    int4_format: Option<Int4Format>,
     /// Keep the lm_head in 16-bit for int4 precisions (larger files, see README).
     #[arg(long)]
     lm_head_16bit: bool,
@@ -157,6 +157,20 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             precisions.push(p);
         }
     }
+    // INT4 settings without an INT4 precision would be ignored: say so instead.
+    if !precisions.iter().any(|p| p.is_int4()) {
+        for (given, flag) in [
+            (a.block_size.is_some(), "--block-size"),
+            (a.int4_format.is_some(), "--int4-format"),
+            (a.lm_head_16bit, "--lm-head-16bit"),
+        ] {
+            if given {
+                anyhow::bail!(
+                    "{flag} applies to int4 precisions only; add int4 or int4-fp16 to --precision"
+                );
+            }
+        }
+    }
     let opts = ExportOptions {
         checkpoint: a.checkpoint,
         out: a.out.clone(),
@@ -164,8 +178,8 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
         target: a.target,
         force: a.force,
         int4: Quant {
-            block_size: a.block_size,
-            format: a.int4_format,
+            block_size: a.block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
+            format: a.int4_format.unwrap_or(Int4Format::Qdq),
             lm_head: !a.lm_head_16bit,
             accuracy_level: a.accuracy_level,
         },

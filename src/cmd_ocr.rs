@@ -64,7 +64,7 @@ pub struct OcrArgs {
     #[arg(long)]
     ignore_eos: bool,
     /// Print one JSON object per page (with `file` and 1-based `page`) instead of plain text.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "out")]
     json: bool,
     /// Write `<DIR>/<file stem>.md` per document (image or PDF) instead of printing the text.
     #[arg(long)]
@@ -91,7 +91,7 @@ pub struct OcrArgs {
 /// Expands the inputs and opens every document, reporting (and counting) those that fail.
 /// With `--out --resume`, documents whose markdown file exists are skipped (and counted).
 fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
-    let (mut docs, mut failed, mut skipped) = (Vec::new(), 0, 0);
+    let (mut docs, mut failed, mut skipped, mut overwritten) = (Vec::new(), 0, 0, 0);
     let mut md_owner: HashMap<PathBuf, PathBuf> = HashMap::new();
     for item in inputs::expand(&a.inputs) {
         let path = match item {
@@ -106,9 +106,12 @@ fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
             let md = md_path(dir, &path);
             // A finished file holds at least a newline: an empty one (a crash before the
             // data reached the disk) is not a finished document.
-            if a.resume && std::fs::metadata(&md).is_ok_and(|m| m.len() > 0) {
-                skipped += 1;
-                continue;
+            if std::fs::metadata(&md).is_ok_and(|m| m.len() > 0) {
+                if a.resume {
+                    skipped += 1;
+                    continue;
+                }
+                overwritten += 1;
             }
             if let Some(other) = md_owner.get(&md) {
                 eprintln!(
@@ -129,6 +132,12 @@ fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
                 failed += 1;
             }
         }
+    }
+    if overwritten > 0 {
+        eprintln!(
+            "note: {overwritten} existing .md file(s) in {} will be replaced (--resume skips them)",
+            a.out.as_deref().unwrap_or(Path::new(".")).display()
+        );
     }
     (docs, failed, skipped)
 }
@@ -172,6 +181,9 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     if batch_size == 0 {
         anyhow::bail!("--batch-size must be at least 1");
     }
+    if a.max_tokens == Some(0) {
+        anyhow::bail!("--max-tokens must be at least 1");
+    }
     let max_tokens = a
         .max_tokens
         .or(profile.as_ref().map(|p| p.default_max_new_tokens as usize))
@@ -203,21 +215,20 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let out = out.into_inner();
     let secs = out.close();
     let failed = open_failed + out.failed_docs;
-    if a.out.is_some() || total_pages > 1 || a.inputs.len() > 1 || failed > 0 {
-        let skipped = if skipped > 0 {
-            format!(", {skipped} skipped (--resume)")
-        } else {
-            String::new()
-        };
-        eprintln!(
-            "{} document(s), {total_pages} page(s), {failed} failed{skipped}, {} tokens in \
-             {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
-            docs.len() + open_failed,
-            out.tokens,
-            out.pages_ok as f64 / secs,
-            out.tokens as f64 / secs
-        );
-    }
+    // Always, a single image too: what ran and how fast.
+    let skipped = if skipped > 0 {
+        format!(", {skipped} skipped (--resume)")
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "{} document(s), {total_pages} page(s), {failed} failed{skipped}, {} tokens in \
+         {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
+        docs.len() + open_failed,
+        out.tokens,
+        out.pages_ok as f64 / secs,
+        out.tokens as f64 / secs
+    );
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -33,6 +33,12 @@ pub enum InputError {
         #[source]
         source: std::io::Error,
     },
+    /// A folder holds no image or PDF file.
+    #[error("{path}: no image or PDF file in this folder (png, jpg, webp, tif, pdf; subfolders are not read)")]
+    EmptyFolder {
+        /// The folder as given.
+        path: PathBuf,
+    },
     /// A glob pattern matched no image or PDF file.
     #[error("{pattern}: no image or PDF file matches this pattern")]
     NoMatch {
@@ -76,6 +82,9 @@ pub fn expand(inputs: &[PathBuf]) -> Vec<Result<PathBuf, InputError>> {
     for input in inputs {
         if input.is_dir() {
             match list_folder(input) {
+                Ok(files) if files.is_empty() => out.push(Err(InputError::EmptyFolder {
+                    path: input.clone(),
+                })),
                 Ok(files) => out.extend(files.into_iter().map(Ok)),
                 Err(e) => out.push(Err(e)),
             }

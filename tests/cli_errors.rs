@@ -388,3 +388,69 @@ fn wrong_directories_are_named_with_the_fix() {
     ]);
     assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
 }
+
+/// What used to be accepted silently gets an error or a one-line notice (issue 12.5).
+#[test]
+fn silent_acceptance_is_gone() {
+    let model = exported();
+    let m = model.to_str().unwrap();
+    let img = fixture().join("images/aligned.png");
+    let i = img.to_str().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let empty = d.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let e = ocrctl_err(&["ocr", "--model", m, empty.to_str().unwrap()]);
+    assert!(e.contains("no image or PDF file in this folder"), "{e}");
+    let e = ocrctl_err(&["ocr", "--model", m, "--max-tokens", "0", i]);
+    assert!(e.contains("--max-tokens must be at least 1"), "{e}");
+    let out_dir = d.path().join("md");
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        m,
+        "--json",
+        "--out",
+        out_dir.to_str().unwrap(),
+        i,
+    ]);
+    assert!(e.contains("--json") && e.contains("--out"), "{e}");
+    let e = ocrctl_err(&[
+        "export",
+        "--checkpoint",
+        checkpoint().to_str().unwrap(),
+        "--out",
+        d.path().join("x").to_str().unwrap(),
+        "--block-size",
+        "64",
+    ]);
+    assert!(e.contains("--block-size applies to int4"), "{e}");
+    // A second run over the same --out says it replaces the files; a single image gets the
+    // summary line too.
+    let run = || {
+        common::ocrctl(&[
+            "ocr",
+            "--model",
+            m,
+            "--precision",
+            "fp32",
+            "--max-tokens",
+            "2",
+            "--out",
+            out_dir.to_str().unwrap(),
+            i,
+        ])
+    };
+    let first = run();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert!(
+        first.status.success() && err.contains("1 document(s), 1 page(s)"),
+        "{err}"
+    );
+    assert!(!err.contains("will be replaced"), "{err}");
+    let second = run();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("1 existing .md file(s)") && err.contains("--resume"),
+        "{err}"
+    );
+}
