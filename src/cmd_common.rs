@@ -53,6 +53,56 @@ pub struct RuntimeArgs {
     pub no_verify: bool,
 }
 
+/// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
+/// given, the exported precision closest to it (same activation type first: int4 → fp32,
+/// int4-fp16 → fp16; then 16-bit before 32-bit on a GPU profile), with one line saying so. A
+/// quick-start export (fp32, fp16) thus runs under every profile.
+fn profile_precision(p: &Profile, model: &Path) -> Precision {
+    let Ok(m) = Manifest::load(model) else {
+        return p.precision; // the load reports what is wrong with the folder
+    };
+    if m.precisions.contains(&p.precision) || m.precisions.is_empty() {
+        return p.precision;
+    }
+    let gpu = p.providers.iter().any(|x| *x != Provider::Cpu);
+    let order: &[Precision] = match (p.precision, gpu) {
+        (Precision::Int4, _) => &[Precision::Fp32, Precision::Int4Fp16, Precision::Fp16],
+        (Precision::Int4Fp16, _) => &[Precision::Fp16, Precision::Int4, Precision::Fp32],
+        (_, true) => &[
+            Precision::Fp16,
+            Precision::Int4Fp16,
+            Precision::Fp32,
+            Precision::Int4,
+        ],
+        (_, false) => &[
+            Precision::Fp32,
+            Precision::Int4,
+            Precision::Fp16,
+            Precision::Int4Fp16,
+        ],
+    };
+    let chosen = order
+        .iter()
+        .copied()
+        .find(|x| m.precisions.contains(x))
+        .unwrap_or(m.precisions[0]);
+    eprintln!(
+        "ocrctl: profile {} wants {}, which {} was not exported with (it has {}); using {} \
+         (--precision chooses; export --precision {} for the profile's own)",
+        p.name,
+        p.precision.name(),
+        model.display(),
+        m.precisions
+            .iter()
+            .map(|x| x.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        chosen.name(),
+        p.precision.name()
+    );
+    chosen
+}
+
 fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
     DecoderVariant::parse(s).map_err(|e| e.to_string())
 }
@@ -82,7 +132,7 @@ impl RuntimeArgs {
         let profile = self.profile()?;
         let precision = match (&self.precision, &profile) {
             (Some(p), _) => Precision::parse(p).context("--precision")?,
-            (None, Some(pr)) => pr.precision,
+            (None, Some(pr)) => profile_precision(pr, model),
             (None, None) => Precision::Fp32,
         };
         let mut lo = LoadOptions::new(precision);

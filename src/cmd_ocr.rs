@@ -40,16 +40,16 @@ pub struct OcrArgs {
     #[arg(long)]
     batch_size: Option<usize>,
     /// Sampling temperature; 0 is greedy (reproducible). LightOn suggests 0.2.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Nucleus sampling: keep the most likely tokens up to this cumulative probability.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Keep only the K most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// Divide positive (multiply negative) logits of already generated tokens by this; 1 = off.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repetition_penalty: f32,
     /// Random seed for sampling (default: a fresh one per image).
     #[arg(long)]

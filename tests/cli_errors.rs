@@ -454,3 +454,51 @@ fn silent_acceptance_is_gone() {
         "{err}"
     );
 }
+
+/// The quick-start export (fp32, fp16) runs under every profile: a profile whose precision
+/// was not exported falls back to the closest exported one with one line saying so (issue
+/// 12.2); an explicit --precision is never replaced. Negative numbers reach the validation.
+#[test]
+fn profiles_fall_back_to_an_exported_precision() {
+    let m = exported().to_str().unwrap().to_string();
+    let img = fixture().join("images/aligned.png");
+    for (profile, want) in [("cpu", "using fp32"), ("16gb", "using fp16")] {
+        let out = common::ocrctl(&[
+            "ocr",
+            "--model",
+            &m,
+            "--profile",
+            profile,
+            "--max-tokens",
+            "2",
+            img.to_str().unwrap(),
+        ]);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{profile}: {e}");
+        assert!(
+            e.contains(want) && e.contains("was not exported"),
+            "{profile}: {e}"
+        );
+    }
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        &m,
+        "--precision",
+        "int4",
+        img.to_str().unwrap(),
+    ]);
+    assert!(e.contains("int4") && e.contains("was not exported"), "{e}");
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        &m,
+        "--temperature",
+        "-1",
+        img.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("--temperature must be a finite number >= 0"),
+        "{e}"
+    );
+}
