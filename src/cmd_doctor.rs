@@ -119,7 +119,9 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
     for l in ocrctl::profile::available() {
         let Ok(p) = l.profile else { continue };
         let fits = if p.uses_gpu() {
-            if gpu_gib > 0.0 && p.gpu_memory_gb <= gpu_gib + 0.5 {
+            if gpus.is_empty() {
+                "needs an NVIDIA GPU (none found)"
+            } else if p.gpu_memory_gb <= gpu_gib + 0.5 {
                 "fits this GPU"
             } else {
                 "needs a larger GPU"

@@ -108,6 +108,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
         "top1_agreement": mean(&|r| r.top1_agreement),
         "mean_kl": mean(&|r| r.mean_kl),
         "mean_greedy_agreement": mean(&|r| r.greedy_agreement as f64),
+        "mean_feature_cosine": mean(&|r| r.feature_cosine),
         "min_feature_cosine": rows.iter().map(|(_, r)| r.feature_cosine).fold(f64::INFINITY, f64::min),
     });
     if a.json {
@@ -120,13 +121,20 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             json!({"reference": a.reference_precision, "candidate": a.candidate_precision, "summary": summary, "images": per})
         );
     } else {
+        // The image column is as wide as the longest path, so long names stay aligned.
+        let w = rows
+            .iter()
+            .map(|(f, _)| f.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(8);
         println!(
-            "{:<40} {:>6} {:>8} {:>10} {:>7} {:>9}",
+            "{:<w$} {:>6} {:>8} {:>10} {:>7} {:>9}",
             "image", "first", "top1", "mean KL", "greedy", "cosine"
         );
         for (f, r) in &rows {
             println!(
-                "{:<40} {:>6} {:>7.1}% {:>10.5} {:>7} {:>9.6}",
+                "{:<w$} {:>6} {:>7.1}% {:>10.5} {:>7} {:>9.6}",
                 f,
                 r.first_token_agrees,
                 100.0 * r.top1_agreement,
@@ -135,15 +143,17 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 r.feature_cosine
             );
         }
+        let f = |k: &str| summary[k].as_f64().unwrap_or(0.0);
         println!(
-            "{:<40} {:>5.0}% {:>7.1}% {:>10.5} {:>7.1} {:>9.6}",
+            "{:<w$} {:>5.0}% {:>7.1}% {:>10.5} {:>7.1} {:>9.6}",
             "mean",
-            100.0 * summary["first_token_agreement"].as_f64().unwrap_or(0.0),
-            100.0 * summary["top1_agreement"].as_f64().unwrap_or(0.0),
-            summary["mean_kl"].as_f64().unwrap_or(0.0),
-            summary["mean_greedy_agreement"].as_f64().unwrap_or(0.0),
-            summary["min_feature_cosine"].as_f64().unwrap_or(0.0)
+            100.0 * f("first_token_agreement"),
+            100.0 * f("top1_agreement"),
+            f("mean_kl"),
+            f("mean_greedy_agreement"),
+            f("mean_feature_cosine")
         );
+        println!("{:<w$} {:>44.6}", "min", f("min_feature_cosine"));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -220,13 +220,26 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
         }
     })?;
     let mut total = 0u64;
+    // Columns as wide as their longest entry, so long names keep the table aligned.
+    let pw = manifest
+        .graphs
+        .keys()
+        .map(|p| p.name().len())
+        .max()
+        .unwrap_or(0);
+    let fw = manifest
+        .graphs
+        .values()
+        .flat_map(|parts| parts.values().map(|i| i.file.len()))
+        .max()
+        .unwrap_or(0);
     for (prec, parts) in &manifest.graphs {
         for info in parts.values() {
             let onnx = a.out.join("onnx").join(&info.file);
             let size = std::fs::metadata(&onnx).map(|m| m.len()).unwrap_or(0) + info.data_bytes;
             total += size;
             println!(
-                "{:<6} {:<40} {:>10.1} MB",
+                "{:<pw$}  {:<fw$}  {:>10.1} MB",
                 prec.name(),
                 info.file,
                 size as f64 / 1e6

@@ -502,3 +502,46 @@ fn profiles_fall_back_to_an_exported_precision() {
         "{e}"
     );
 }
+
+/// Tables stay aligned with long names, the eval summary's cosine is the mean with the
+/// minimum on its own row, and doctor without a GPU does not ask for a larger one (12.6).
+#[test]
+fn reports_are_aligned_and_say_what_they_mean() {
+    let m = exported().to_str().unwrap().to_string();
+    let imgs: Vec<String> = ["aligned.png", "wide_downscale.png"]
+        .iter()
+        .map(|f| fixture().join("images").join(f).display().to_string())
+        .collect();
+    let mut args = vec![
+        "eval",
+        "--reference",
+        &m,
+        "--reference-precision",
+        "fp32",
+        "--candidate",
+        &m,
+        "--candidate-precision",
+        "fp16",
+        "--steps",
+        "4",
+    ];
+    args.extend(imgs.iter().map(String::as_str));
+    let out = ocrctl_ok(&args);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    assert!(
+        lines[3].starts_with("mean ") && lines[4].starts_with("min "),
+        "{out}"
+    );
+    let width = lines[0].len();
+    assert!(
+        lines.iter().all(|l| l.len() == width),
+        "columns misaligned:\n{out}"
+    );
+    let doctor = common::ocrctl(&["doctor"]);
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    if text.contains("GPU            none found") {
+        assert!(!text.contains("needs a larger GPU"), "{text}");
+        assert!(text.contains("needs an NVIDIA GPU (none found)"), "{text}");
+    }
+}
