@@ -242,8 +242,23 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
     if b.fits() {
         return Ok(ExitCode::SUCCESS);
     }
-    println!("to fit, change one of:");
+    // Only limits of the model are at fault: show the changes that respect them, not
+    // memory-saving ones that cannot help.
+    let memory_fits = b.problems.iter().all(|p| {
+        matches!(
+            p,
+            ocrctl::profile::Problem::Positions { .. } | ocrctl::profile::Problem::ImageSide { .. }
+        )
+    });
+    if memory_fits {
+        println!("to stay within the model's limits, change:");
+    } else {
+        println!("to fit, change one of:");
+    }
     for adv in b.advice() {
+        if memory_fits && adv.suggested.is_none() {
+            continue;
+        }
         println!("  - {adv}");
     }
     Ok(ExitCode::from(1))

@@ -1562,13 +1562,30 @@ impl fmt::Display for Budget {
                 None => writeln!(f, "{:<w$}  {:>10}  {:>8}  {}", item, "-", "-", detail)?,
             }
         }
+        // Memory and the model's own limits are different verdicts: a profile can fit in
+        // memory and still ask for more positions than the model takes.
+        let (model_limits, memory): (Vec<&Problem>, Vec<&Problem>) = self
+            .problems
+            .iter()
+            .partition(|p| matches!(p, Problem::Positions { .. } | Problem::ImageSide { .. }));
         if self.fits() {
             writeln!(f, "verdict: fits")?;
+        } else if memory.is_empty() {
+            writeln!(
+                f,
+                "verdict: fits in memory, but the model cannot take these limits"
+            )?;
         } else {
-            writeln!(f, "verdict: does NOT fit")?;
-            for pr in &self.problems {
+            writeln!(f, "verdict: does NOT fit in memory")?;
+            for pr in &memory {
                 writeln!(f, "  - {pr}")?;
             }
+            if !model_limits.is_empty() {
+                writeln!(f, "and the model cannot take these limits:")?;
+            }
+        }
+        for pr in &model_limits {
+            writeln!(f, "  - {pr}")?;
         }
         if !self.notes.is_empty() {
             writeln!(f, "notes:")?;
@@ -1672,12 +1689,15 @@ pub fn vision_attention_fused_in(manifest: &Manifest, precision: Precision) -> b
 }
 
 /// Whether the export's decoder updates its KV cache in place (a `GroupQueryAttention` with a
-/// shared buffer); otherwise a step holds past and present at once.
+/// shared buffer: the `decoder_gqa` graph, which the runner prefers when it exists); otherwise
+/// a step holds past and present at once.
 pub fn decoder_updates_kv_in_place(manifest: &Manifest, precision: Precision) -> bool {
-    manifest
-        .graphs
-        .get(&precision)
-        .and_then(|g| g.get("decoder_model_merged"))
+    let parts = manifest.graphs.get(&precision);
+    parts
+        .and_then(|g| {
+            g.get("decoder_gqa")
+                .or_else(|| g.get("decoder_model_merged"))
+        })
         .is_some_and(|g| {
             g.op_counts
                 .keys()

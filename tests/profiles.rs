@@ -2,6 +2,8 @@
 //! memory calculator against hand computations, the derived TensorRT shapes, and
 //! `ocrctl profiles list|show|check` on fake and real exports.
 
+mod common;
+
 use ocrctl::profile::{
     self, budget, trt_shapes, weights_bytes, ModelDims, Profile, ProfileSource, BUILTIN,
 };
@@ -751,6 +753,30 @@ fn list_show_and_the_profiles_dir_override() {
     assert!(text.contains("broken  ?"), "{text}");
     assert!(
         text.contains(&format!("INVALID: {}:", pdir.join("broken.yaml").display())),
+        "{text}"
+    );
+}
+
+/// A small model whose `max_position_embeddings` is below the profile's
+/// `max_sequence_length` fits in memory: the verdict says the model's limit is at fault, and
+/// the advice is the length to use, not memory savings that cannot help (issue 12.4).
+#[test]
+fn a_models_position_limit_is_not_a_memory_verdict() {
+    let d = tempfile::tempdir().unwrap();
+    let out_dir = d.path().join("m");
+    common::export_fixture(&out_dir, &["--precision", "int4"]);
+    let m = out_dir.to_str().unwrap();
+    let out = ocrctl(&["profiles", "check", "cpu", "--model", m], None, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("verdict: fits in memory, but the model cannot take these limits"),
+        "{text}"
+    );
+    assert!(text.contains("max_position_embeddings 4096"), "{text}");
+    assert!(text.contains("set `max_sequence_length` to 4096"), "{text}");
+    assert!(
+        !text.contains("cannot fix it") && !text.contains("does NOT fit"),
         "{text}"
     );
 }
