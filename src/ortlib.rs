@@ -136,6 +136,7 @@ pub fn environment(
         })?
         .with_name("ocrctl")
         .with_telemetry(false)
+        .with_logger(std::sync::Arc::new(log_line))
         .build()
         .map_err(|e| OrtLibError::Load {
             path: path.clone(),
@@ -143,6 +144,15 @@ pub fn environment(
         })?;
     let (p, env) = ENV.get_or_init(|| (path, env));
     Ok((p.as_path(), env.clone()))
+}
+
+/// ONNX Runtime's log messages, one plain line each (its own logger colours them even when
+/// stderr is not a terminal). Errors are not printed here: they come back as the failing
+/// call's error, which ocrctl reports once; below warnings nothing is printed.
+fn log_line(level: ort::logging::LogLevel, _category: &str, _id: &str, _loc: &str, msg: &str) {
+    if level == ort::logging::LogLevel::Warning {
+        eprintln!("onnxruntime warning: {}", msg.trim());
+    }
 }
 
 #[cfg(test)]

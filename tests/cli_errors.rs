@@ -545,3 +545,25 @@ fn reports_are_aligned_and_say_what_they_mean() {
         assert!(text.contains("needs an NVIDIA GPU (none found)"), "{text}");
     }
 }
+
+/// ONNX Runtime's own error is reported once, plain, not again by its logger with colour codes
+/// (issue 12.3).
+#[test]
+fn onnx_runtime_errors_are_printed_once_without_colour() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m");
+    export_fixture(&m, &["--decoder", "merged"]);
+    let onnx = m.join("onnx/decoder_model_merged.onnx");
+    let bytes = std::fs::read(&onnx).unwrap();
+    std::fs::write(&onnx, &bytes[..100]).unwrap();
+    let img = fixture().join("images/aligned.png");
+    let e = ocrctl_err(&[
+        "ocr",
+        "--model",
+        m.to_str().unwrap(),
+        "--no-verify",
+        img.to_str().unwrap(),
+    ]);
+    assert_eq!(e.matches("Protobuf parsing failed").count(), 1, "{e}");
+    assert!(!e.contains('\u{1b}'), "colour codes: {e:?}");
+}
