@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The tiny fixture on the GPU (CUDA provider) against the transformers goldens, for each decoder
+# and 16/32-bit precision the CUDA kernels run: greedy ids exact and top-5 log-probabilities
+# within the parity tests' tolerances (scripts/check_golden.py). The GQA decoder runs CUDA's
+# GroupQueryAttention kernels (fp16 only on CUDA), which CI's CPU runs cannot check.
+# Needs ONNX Runtime's GPU parts and ocrctl in /opt/ortparts, as for scripts/gpu_compare.sh.
+set -euo pipefail
+mkdir -p /opt/ortgpu
+export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
+[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
+BIN=/opt/ortparts/ocrctl
+[ -x $BIN ] || { /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN; }
+FX=tests/fixtures/tiny-lightonocr
+M=/tmp/fixture-export
+rm -rf $M
+$BIN export --checkpoint $FX/checkpoint --out $M --precision fp32,fp16 >/dev/null
+status=0
+# The last field: top-5 log-probabilities asked for (logits to the host) or not (greedy ids
+# chosen on the GPU by the GQA graph's argmax).
+for run in "gqa fp16 0.05 5" "gqa fp16 0.05 0" "merged fp16 0.05 5" "merged fp32 0.001 5"; do
+  set -- $run
+  echo "== $1 decoder, $2, CUDA (tolerance $3, top-logprobs $4)"
+  $BIN ocr --model $M --decoder "$1" --precision "$2" --providers cuda --strict-providers \
+    --max-tokens 40 --ignore-eos --top-logprobs "$4" --json --quiet --batch-size 5 $FX/images/* 2>/dev/null \
+    | python3 scripts/check_golden.py $FX/golden/golden.json "$3" || status=1
+done
+exit $status
