@@ -36,6 +36,9 @@ pub enum StepLogits {
     Argmax(u32),
 }
 
+/// Each sequence's logits and extended cache after a decode step, in order.
+pub type BatchLogits<C> = (Vec<Vec<f32>>, Vec<C>);
+
 /// A loaded model that can run one request (batch 1).
 pub trait Backend {
     /// Per-request decoder state (the KV cache).
@@ -65,7 +68,7 @@ pub trait Backend {
         &mut self,
         tokens: &[u32],
         caches: Vec<Self::Cache>,
-    ) -> Result<(Vec<Vec<f32>>, Vec<Self::Cache>), BackendError> {
+    ) -> Result<BatchLogits<Self::Cache>, BackendError> {
         let mut logits = Vec::with_capacity(tokens.len());
         let mut out = Vec::with_capacity(tokens.len());
         for (t, c) in tokens.iter().zip(caches) {

@@ -164,7 +164,7 @@ impl RuntimeArgs {
             if let Some(c) = &p.cuda {
                 pc.cuda = CudaConfig {
                     memory_limit: (c.memory_limit_gb > 0.0)
-                        .then(|| (c.memory_limit_gb * GIB) as usize),
+                        .then_some((c.memory_limit_gb * GIB) as usize),
                     same_as_requested: c.arena_extend_strategy
                         == ArenaExtendStrategy::SameAsRequested,
                     cuda_graphs: c.cuda_graphs,

@@ -49,10 +49,10 @@ fn starts(env: &ort::environment::Environment, p: Provider) -> Result<(), String
     let cfg = ProviderConfig::default();
     let eps: Vec<_> = dispatch(p, &cfg, "probe").into_iter().collect();
     let build = || -> ort::Result<ort::session::Session> {
-        Ok(ort::session::Session::builder(env)?
+        ort::session::Session::builder(env)?
             .with_log_level(ort::logging::LogLevel::Fatal)?
             .with_execution_providers(&eps)?
-            .commit_from_file(d.path().join("probe.onnx"))?)
+            .commit_from_file(d.path().join("probe.onnx"))
     };
     build().map(|_| ()).map_err(|e| e.to_string())
 }

@@ -49,7 +49,12 @@ pub struct EvalArgs {
     images: Vec<PathBuf>,
 }
 
-fn load(dir: &PathBuf, precision: &str, a: &EvalArgs, flag: &str) -> anyhow::Result<OrtModel> {
+fn load(
+    dir: &std::path::Path,
+    precision: &str,
+    a: &EvalArgs,
+    flag: &str,
+) -> anyhow::Result<OrtModel> {
     let precision = Precision::parse(precision).with_context(|| flag.to_string())?;
     let opts = LoadOptions {
         precision,

@@ -163,7 +163,7 @@ pub fn usable(cfg: &ProviderConfig) -> Result<(Vec<Provider>, Vec<String>), Prov
             keep.push(*p);
             continue;
         }
-        let reason = format!("not compiled into this ONNX Runtime (the `onnxruntime` CPU wheel has only the CPU provider; install `onnxruntime-gpu`)");
+        let reason = "not compiled into this ONNX Runtime (the `onnxruntime` CPU wheel has only the CPU provider; install `onnxruntime-gpu`)".to_string();
         if cfg.strict {
             return Err(ProviderError::Unavailable {
                 provider: p.name(),

@@ -974,7 +974,7 @@ mod tests {
             let mut s = Sampler::new(params.clone()).unwrap();
             let mut l: Vec<f32> = (0..n)
                 .map(|_| {
-                    if r.next_u64() % 4 == 0 {
+                    if r.next_u64().is_multiple_of(4) {
                         pick(&mut r, &specials)
                     } else {
                         (r.next_f64() * 40.0 - 20.0) as f32

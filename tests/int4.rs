@@ -13,13 +13,11 @@ use ocrctl_exporters::proto::read::summarize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// One image's greedy ids and each step's top-5 (id, logprob).
+type Run = (Vec<u32>, Vec<Vec<(u32, f32)>>);
+
 /// Greedy ids and top-5 logprobs for every fixture image with the given model.
-fn run_all(
-    dir: &Path,
-    precision: Precision,
-    accuracy_level: u8,
-    steps: usize,
-) -> Vec<(Vec<u32>, Vec<Vec<(u32, f32)>>)> {
+fn run_all(dir: &Path, precision: Precision, accuracy_level: u8, steps: usize) -> Vec<Run> {
     let mut lo = LoadOptions::new(precision);
     lo.accuracy_level = accuracy_level;
     let mut m = OrtModel::load(dir, &lo).unwrap();

@@ -39,7 +39,10 @@ pub fn check(cfg: &ModelConfig, target: Target) -> Result<(), ExportError> {
                 .into(),
         ));
     }
-    if t.head_dim % 16 != 0 || t.num_kv_heads == 0 || t.num_heads % t.num_kv_heads != 0 {
+    if !t.head_dim.is_multiple_of(16)
+        || t.num_kv_heads == 0
+        || !t.num_heads.is_multiple_of(t.num_kv_heads)
+    {
         return Err(ExportError::Invalid(format!(
             "the gqa decoder needs head_dim a multiple of 16 and num_attention_heads a multiple \
              of num_key_value_heads (this model: head_dim {}, {} heads, {} KV heads); export \

@@ -343,6 +343,7 @@ pub fn rope(g: &mut Graph, x: &Value, cos: &Value, sin: &Value) -> Value {
 ///
 /// `q`: `[B, heads, S, d]`; `k`, `v`: `[B, kv_heads, T, d]`; `mask`: optional bool
 /// `[B|1, 1, S, T]` (true = may attend). Returns `[B, S, heads·d]`.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_bnsh(
     g: &mut Graph,
     e: Emit,

@@ -30,7 +30,7 @@ pub fn check_block_size(block_size: usize, k: usize, tensor: &str) -> Result<(),
             "block size {block_size} must be a power of two >= 16"
         ));
     }
-    if k % block_size != 0 {
+    if !k.is_multiple_of(block_size) {
         return Err(format!(
             "block size {block_size} does not divide the input dimension {k} of `{tensor}`"
         ));

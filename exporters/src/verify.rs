@@ -109,7 +109,7 @@ pub fn digest_tree(root: &Path, skip: &str) -> Result<Vec<SourceFile>, ExportErr
             }
         }
     }
-    found.sort_by(|a, b| b.2.cmp(&a.2));
+    found.sort_by_key(|f| std::cmp::Reverse(f.2));
     let mut files = parallel(&found, |(p, n, _)| digest_file(p, n.clone()))?;
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(files)
@@ -139,7 +139,7 @@ pub fn verify(
             )));
         }
     }
-    todo.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    todo.sort_by_key(|f| std::cmp::Reverse(f.bytes));
     parallel(&todo, |f| {
         let p = dir.join(&f.name);
         let got = digest_file(&p, f.name.clone())?;
