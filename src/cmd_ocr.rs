@@ -69,6 +69,10 @@ pub struct OcrArgs {
     /// Write `<DIR>/<file stem>.md` per document (image or PDF) instead of printing the text.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Read only shard K of N (0-based) of the inputs, e.g. one pod of an Indexed Job:
+    /// decided by each file's name, so the N shards partition any listing of the same files.
+    #[arg(long, env = "OCRCTL_SHARD", value_name = "K/N")]
+    shard: Option<inputs::Shard>,
     /// With --out: skip documents whose markdown file already exists.
     #[arg(long, requires = "out")]
     resume: bool,
@@ -102,6 +106,9 @@ fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
                 continue;
             }
         };
+        if a.shard.is_some_and(|s| !s.contains(&path)) {
+            continue;
+        }
         if let Some(dir) = &a.out {
             let md = md_path(dir, &path);
             // A finished file holds at least a newline: an empty one (a crash before the

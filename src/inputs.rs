@@ -74,6 +74,51 @@ fn is_pattern(p: &Path) -> bool {
     !p.exists() && p.to_string_lossy().contains(['*', '?', '['])
 }
 
+/// One shard of a batch job: `index` of `count` (0-based), from `--shard K/N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u64,
+    pub count: u64,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    /// `K/N` with `0 <= K < N`.
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let err = || format!("expected K/N with 0 <= K < N (e.g. 0/4), got {s:?}");
+        let (k, n) = s.split_once('/').ok_or_else(err)?;
+        let (index, count) = (
+            k.trim().parse().map_err(|_| err())?,
+            n.trim().parse().map_err(|_| err())?,
+        );
+        if count == 0 || index >= count {
+            return Err(err());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl Shard {
+    /// Whether `path` belongs to this shard. Decided by the file's name alone (FNV-1a, 64-bit),
+    /// so the shards do not depend on the order of a listing, on where the folder is mounted
+    /// or what it is called, and every file falls in exactly one shard. (FNV-1a is written out
+    /// here because its value must never change between versions; a hashing crate's default
+    /// hasher makes no such promise.)
+    pub fn contains(&self, path: &Path) -> bool {
+        let name = path.file_name().map_or_else(
+            || path.as_os_str().as_encoded_bytes().to_vec(),
+            |n| n.as_encoded_bytes().to_vec(),
+        );
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h % self.count == self.index
+    }
+}
+
 /// Expands inputs into files in order: folders and patterns as described in the module
 /// documentation, other paths as given. Inputs that fail (an unreadable folder, a pattern
 /// matching nothing) give an error each; the others still expand.
@@ -346,6 +391,27 @@ pub fn page_separator(page: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_partition_any_listing_by_file_name() {
+        let names: Vec<PathBuf> = (0..500)
+            .map(|i| PathBuf::from(format!("scan-{i:04}.pdf")))
+            .collect();
+        let shards: Vec<Shard> = (0..7).map(|k| format!("{k}/7").parse().unwrap()).collect();
+        let mut sizes = vec![0usize; 7];
+        for n in &names {
+            let owners: Vec<usize> = (0..7).filter(|k| shards[*k].contains(n)).collect();
+            assert_eq!(owners.len(), 1, "{} in shards {owners:?}", n.display());
+            sizes[owners[0]] += 1;
+            // Where the folder is mounted, or what it is called, changes nothing.
+            let moved = Path::new("/mnt/other/renamed").join(n);
+            assert!(shards[owners[0]].contains(&moved));
+        }
+        assert!(sizes.iter().all(|s| *s > 40), "unbalanced: {sizes:?}");
+        for bad in ["4/4", "1", "a/2", "0/0", "-1/3"] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn wildcards_match_like_a_shell() {

@@ -181,3 +181,60 @@ fn glob_patterns_select_files_and_an_empty_match_is_an_error() {
     );
     assert_eq!(json_lines(&o.stdout).len(), 1, "the other input still ran");
 }
+
+/// `--shard K/N` over a folder: the shards' outputs partition the folder's files exactly, and a
+/// copy of the folder under another name, listed in another order, gives the same shards.
+#[test]
+fn shards_partition_the_inputs() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("batch-a"), d.path().join("renamed"));
+    for dir in [&a, &b] {
+        std::fs::create_dir(dir).unwrap();
+        for e in std::fs::read_dir(fixture().join("images")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+    }
+    let m = exported().to_str().unwrap().to_string();
+    let files_of = |dir: &Path, shard: &str| -> Vec<String> {
+        let out = ocrctl_ok(&[
+            "ocr",
+            "--model",
+            &m,
+            "--max-tokens",
+            "1",
+            "--json",
+            "--shard",
+            shard,
+            dir.to_str().unwrap(),
+        ]);
+        let mut v: Vec<String> = out
+            .lines()
+            .map(|l| {
+                let j: serde_json::Value = serde_json::from_str(l).unwrap();
+                let f = j["file"].as_str().unwrap().to_string();
+                Path::new(&f)
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let mut all = Vec::new();
+    for k in 0..3 {
+        let shard = format!("{k}/3");
+        let here = files_of(&a, &shard);
+        assert_eq!(here, files_of(&b, &shard), "shard {shard}");
+        all.extend(here);
+    }
+    all.sort();
+    let mut want: Vec<String> = std::fs::read_dir(&a)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    want.sort();
+    assert_eq!(all, want);
+}
