@@ -80,6 +80,12 @@ pub trait Backend {
         Ok((logits, out))
     }
 
+    /// Positions one sequence may hold when the backend's cache has a fixed size per
+    /// sequence; `None` when caches grow as needed.
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
     /// How many more sequences the backend's cache can take now, when it has a fixed number
     /// (a KV cache allocated once); `None` when caches grow per sequence without a fixed pool.
     fn free_sequences(&self) -> Option<usize> {

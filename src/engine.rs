@@ -255,6 +255,24 @@ impl<B: Backend> Engine<B> {
             });
             return;
         }
+        // A request that would outgrow a fixed-size cache fails now, alone, rather than
+        // failing the decode step it would share with others (the last token is never fed
+        // back, so it needs no position).
+        if let Some(cap) = self.backend.max_positions() {
+            let need = req.prompt_ids.len() + req.max_new_tokens - 1;
+            if need > cap {
+                on_event(Event::Done {
+                    index,
+                    result: &Err(format!(
+                        "the prompt ({} tokens) and max_new_tokens ({}) need {need} positions; \
+                         the KV cache holds {cap} per sequence (max_sequence_length)",
+                        req.prompt_ids.len(),
+                        req.max_new_tokens
+                    )),
+                });
+                return;
+            }
+        }
         match self.prefill(&req) {
             Ok((logits, cache)) => batch.active.push(Active {
                 index,

@@ -265,3 +265,26 @@ fn slots_never_leak_under_random_joins_leaves_and_cancels() {
     drop(batch);
     assert_eq!(engine.backend.free_sequences(), Some(3));
 }
+
+/// A request that would outgrow its slot fails at admission, alone; the request decoding
+/// beside it is not disturbed.
+#[test]
+fn a_request_too_long_for_the_cache_fails_alone() {
+    let mut engine = Engine {
+        backend: load(Precision::Fp32, 2, 64),
+        max_batch: 2,
+        image_token_id: u32::MAX,
+    };
+    let mut ok = GenRequest::text((3..23).collect(), 30);
+    ok.ignore_eos = true;
+    let mut long = GenRequest::text((3..23).collect(), 60);
+    long.ignore_eos = true;
+    let out = engine.run(vec![ok, long], &mut |_| {});
+    assert_eq!(out[0].as_ref().unwrap().token_ids.len(), 30);
+    let err = out[1].as_ref().unwrap_err();
+    assert!(
+        err.contains("need 79 positions") && err.contains("holds 64"),
+        "{err}"
+    );
+    assert_eq!(engine.backend.free_sequences(), Some(2));
+}

@@ -465,6 +465,10 @@ impl Backend for OrtModel {
         Ok((last, OrtCache::own(kv, past + s)))
     }
 
+    fn max_positions(&self) -> Option<usize> {
+        self.gqa.as_ref().map(|g| g.max_seq)
+    }
+
     fn free_sequences(&self) -> Option<usize> {
         self.gqa.as_ref().map(|g| g.free())
     }
