@@ -11,6 +11,7 @@
 //! ```
 
 pub mod error;
+mod events;
 pub mod front;
 pub mod images;
 pub mod metrics;

@@ -2,6 +2,7 @@
 //! markdown), `/v1/models`, `/health`, `/metrics`.
 
 use super::error::ApiError;
+use super::events::{collect, next_event, sse};
 use super::images;
 use super::metrics::{rss_bytes, Gauges};
 use super::openai::{self, ChatParams};
@@ -15,17 +16,15 @@ use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Multipart, Query, State};
 use axum::http::{header, StatusCode};
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use tokio::sync::watch;
 
 type St = State<Arc<AppState>>;
 
@@ -399,145 +398,6 @@ pub async fn chat(
         usage,
     ))
     .into_response())
-}
-
-/// A finished job's output.
-struct Collected {
-    text: String,
-    logprobs: Vec<Value>,
-    finish_reason: &'static str,
-    stop_reason: Option<String>,
-    completion_tokens: usize,
-}
-
-/// The error of a request still running when the shutdown grace period ends.
-fn cut_error() -> ApiError {
-    ApiError::Unavailable(
-        "the server shut down before this request finished (--shutdown-timeout)".into(),
-    )
-}
-
-/// The next event of a job, or its failure when the server's grace period ended first.
-async fn next_event(
-    rx: &mut UnboundedReceiver<JobEvent>,
-    cut: &mut watch::Receiver<bool>,
-) -> Option<JobEvent> {
-    tokio::select! {
-        ev = rx.recv() => ev,
-        _ = cut.wait_for(|c| *c) => Some(JobEvent::Failed(cut_error())),
-    }
-}
-
-async fn collect(
-    mut rx: UnboundedReceiver<JobEvent>,
-    mut cut: watch::Receiver<bool>,
-) -> Result<Collected, ApiError> {
-    let mut text = String::new();
-    let mut logprobs = Vec::new();
-    while let Some(ev) = next_event(&mut rx, &mut cut).await {
-        match ev {
-            JobEvent::Delta {
-                text: t,
-                logprobs: l,
-            } => {
-                text.push_str(&t);
-                logprobs.extend(l);
-            }
-            JobEvent::Done {
-                finish_reason,
-                stop_reason,
-                completion_tokens,
-            } => {
-                return Ok(Collected {
-                    text,
-                    logprobs,
-                    finish_reason,
-                    stop_reason,
-                    completion_tokens,
-                })
-            }
-            JobEvent::Failed(e) => return Err(e),
-        }
-    }
-    Err(ApiError::Engine(
-        "the engine stopped before the request finished".into(),
-    ))
-}
-
-fn data(v: &Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
-}
-
-/// The SSE stream of a chat completion: a role chunk, content deltas, a finish chunk with
-/// usage, `[DONE]`; a failure (the server's shutdown deadline too) becomes an
-/// `{"error": …}` event before `[DONE]`.
-fn sse(
-    rx: UnboundedReceiver<JobEvent>,
-    cut: watch::Receiver<bool>,
-    id: String,
-    created: u64,
-    model: String,
-    prompt_tokens: usize,
-    want_logprobs: bool,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let first = openai::chunk(
-        &id,
-        created,
-        &model,
-        json!({"role": "assistant", "content": ""}),
-        None,
-        None,
-        None,
-    );
-    let head = stream::iter(vec![Ok(data(&first))]);
-    let body = stream::unfold(Some((rx, cut)), move |state| {
-        let (id, model) = (id.clone(), model.clone());
-        async move {
-            let (mut rx, mut cut) = state?;
-            let events = match next_event(&mut rx, &mut cut).await {
-                Some(JobEvent::Delta { text, logprobs }) => {
-                    let lp = want_logprobs.then_some(logprobs);
-                    let c = openai::chunk(
-                        &id,
-                        created,
-                        &model,
-                        json!({"content": text}),
-                        lp,
-                        None,
-                        None,
-                    );
-                    return Some((vec![Ok(data(&c))], Some((rx, cut))));
-                }
-                Some(JobEvent::Done {
-                    finish_reason,
-                    completion_tokens,
-                    ..
-                }) => {
-                    let c = openai::chunk(
-                        &id,
-                        created,
-                        &model,
-                        json!({}),
-                        None,
-                        Some(finish_reason),
-                        Some(openai::usage(prompt_tokens, completion_tokens)),
-                    );
-                    vec![Ok(data(&c)), Ok(SseEvent::default().data("[DONE]"))]
-                }
-                Some(JobEvent::Failed(e)) => {
-                    vec![Ok(data(&e.body())), Ok(SseEvent::default().data("[DONE]"))]
-                }
-                None => {
-                    let e =
-                        ApiError::Engine("the engine stopped before the request finished".into());
-                    vec![Ok(data(&e.body())), Ok(SseEvent::default().data("[DONE]"))]
-                }
-            };
-            Some((events, None))
-        }
-    })
-    .flat_map(stream::iter);
-    Sse::new(head.chain(body))
 }
 
 /// Query of `/v1/ocr`.
