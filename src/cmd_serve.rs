@@ -97,6 +97,8 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
         Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
     let cfg = manifest.model.clone();
     let (prompter, mut pre) = crate::cmd_common::page_inputs(&a.model, &cfg)?;
+    // Computed once here (a scan of the vocabulary), not by the first request's handler.
+    prompter.max_token_bytes();
     let prompter = Arc::new(prompter);
     pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
     let gen_path = a.model.join("generation_config.json");
