@@ -7,28 +7,60 @@
 # Idempotent.
 #
 # Usage: scripts/setup.sh          run-time needs only
+#        scripts/setup.sh --gpu    for an NVIDIA GPU: `onnxruntime-gpu` (CUDA 13 build, same
+#                                  version; it runs on the CPU too) instead of `onnxruntime`,
+#                                  with the CUDA 13 runtime, cuBLAS, cuRAND, cuFFT, NVRTC and
+#                                  cuDNN 9 wheels (~1.5 GB); ocrctl loads those libraries from
+#                                  .venv itself. Needs the NVIDIA driver (libcuda.so.1).
 #        scripts/setup.sh --test   also what the test suite needs: the `openai` Python
 #                                  client in .venv, Debian's chromium (apt, as root) and
 #                                  playwright-core (npm ci in tests/browser)
+# Flags combine (`--gpu --test`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+GPU=0 TEST=0
+for a in "$@"; do
+  case "$a" in
+    --gpu) GPU=1 ;;
+    --test) TEST=1 ;;
+    *) echo "error: unknown option $a (use --gpu, --test)" >&2; exit 2 ;;
+  esac
+done
 ORT_VERSION="${ORT_VERSION:-1.31.1}"
 PDFIUM_VERSION="${PDFIUM_VERSION:-5.15.2}"
 OPENAI_VERSION="${OPENAI_VERSION:-3.57.0}"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import onnxruntime, sys; sys.exit(onnxruntime.__version__ != '$ORT_VERSION')" 2>/dev/null; then
-  .venv/bin/pip install --quiet --disable-pip-version-check "onnxruntime==$ORT_VERSION"
+PIP=(.venv/bin/pip install --quiet --disable-pip-version-check)
+# Version of an installed distribution, empty when absent.
+dist_version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null || true; }
+if [ "$GPU" = 1 ]; then
+  # Both wheels install the same `onnxruntime` package: the CPU one goes first.
+  if [ -n "$(dist_version onnxruntime)" ]; then
+    .venv/bin/pip uninstall --quiet -y onnxruntime
+  fi
+  if [ "$(dist_version onnxruntime-gpu)" != "$ORT_VERSION" ] || [ -z "$(dist_version nvidia-cublas)" ]; then
+    # The `cuda` extra has no cuBLAS (the provider links it): named here.
+    "${PIP[@]}" "onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION" "nvidia-cublas~=13.0"
+  fi
+  ls .venv/lib/python3*/site-packages/nvidia/cu13/lib/libcublasLt.so.13 >/dev/null
+  ls .venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9 >/dev/null
+elif [ "$(dist_version onnxruntime-gpu)" != "$ORT_VERSION" ] && [ "$(dist_version onnxruntime)" != "$ORT_VERSION" ]; then
+  # (an onnxruntime-gpu of the right version, from --gpu, serves the CPU as well)
+  "${PIP[@]}" "onnxruntime==$ORT_VERSION"
 fi
 if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('pypdfium2') != '$PDFIUM_VERSION')" 2>/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps "pypdfium2==$PDFIUM_VERSION"
 fi
 ls .venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* >/dev/null
 ls .venv/lib/python3*/site-packages/pypdfium2_raw/libpdfium.* >/dev/null
-echo "ONNX Runtime $ORT_VERSION and pypdfium2 $PDFIUM_VERSION (pdfium) ready in .venv"
+echo "ONNX Runtime $ORT_VERSION$([ -n "$(dist_version onnxruntime-gpu)" ] && echo " (GPU build, CUDA 13)") and pypdfium2 $PDFIUM_VERSION (pdfium) ready in .venv"
+if [ "$GPU" = 1 ]; then
+  echo "check that CUDA starts: ocrctl doctor"
+fi
 
-if [ "${1:-}" = "--test" ]; then
+if [ "$TEST" = 1 ]; then
   if ! .venv/bin/python -c "import openai" 2>/dev/null; then
     .venv/bin/pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
   fi

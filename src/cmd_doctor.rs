@@ -83,13 +83,28 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
             } else {
                 match starts(env, p) {
                     Ok(()) => "starts".to_string(),
-                    Err(e) => format!(
-                        "in this build, but does not start: {}",
-                        e.lines().next().unwrap_or("")
-                    ),
+                    Err(e) => {
+                        let first = e.lines().next().unwrap_or("");
+                        match ocrctl::cudalibs::hint(&e) {
+                            Some(h) => format!("in this build, but does not start: {h} ({first})"),
+                            None => format!("in this build, but does not start: {first}"),
+                        }
+                    }
                 }
             };
             println!("provider       {:<9} {status}", p.name());
+        }
+        if compiled_in(Provider::Cuda) {
+            if let Some(lib) = ortlib::loaded_library() {
+                println!(
+                    "CUDA libraries {}",
+                    ocrctl::cudalibs::preload(lib).summary()
+                );
+            }
+            match ocrctl::cudalibs::driver() {
+                Ok(()) => println!("NVIDIA driver  libcuda.so.1 found"),
+                Err(e) => println!("NVIDIA driver  not found ({e})"),
+            }
         }
     }
     match ocrctl::pdf::find_library(None, "PDF input") {

@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod calibrate;
+pub mod cudalibs;
 pub mod engine;
 pub mod eval;
 pub mod generate;

@@ -112,6 +112,11 @@ pub fn version_of(lib: &Path) -> Option<(u32, u32, u32)> {
     ))
 }
 
+/// The library [`environment`] loaded, once it has.
+pub fn loaded_library() -> Option<&'static Path> {
+    ENV.get().map(|(p, _)| p.as_path())
+}
+
 static ENV: OnceLock<(PathBuf, ort::environment::Environment)> = OnceLock::new();
 
 /// Loads ONNX Runtime once per process and returns the environment and library path.

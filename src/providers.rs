@@ -107,6 +107,12 @@ pub fn dispatch(
     cfg: &ProviderConfig,
     part: &str,
 ) -> Option<ExecutionProviderDispatch> {
+    if p.is_gpu() {
+        // The provider library resolves CUDA by soname: wheels' copies must be loaded first.
+        if let Some(lib) = crate::ortlib::loaded_library() {
+            crate::cudalibs::preload(lib);
+        }
+    }
     match p {
         Provider::Cpu => None,
         Provider::Cuda => {

@@ -84,13 +84,21 @@ pub(super) fn build(
             // libraries): drop it and try the next one, unless strict.
             Err(e) if !opts.providers.strict && order.len() > 1 && order[0] != Provider::Cpu => {
                 let failed = order.remove(0);
+                let e = e.to_string();
+                let hint = crate::cudalibs::hint(&e).map_or(String::new(), |h| format!(": {h}"));
                 eprintln!(
-                    "ocrctl: {} execution provider failed for {part} ({e}); falling back to {}",
+                    "ocrctl: {} execution provider failed for {part} ({e}){hint}; falling back to {}",
                     failed.name(),
                     order[0].name()
                 );
             }
-            Err(e) => return Err(err(e.to_string())),
+            Err(e) => {
+                let e = e.to_string();
+                return Err(err(match crate::cudalibs::hint(&e) {
+                    Some(h) => format!("{e} ({h})"),
+                    None => e,
+                }));
+            }
         }
     }
 }
