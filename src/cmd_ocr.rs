@@ -9,7 +9,8 @@
 //! (one markdown file per document; `--resume` skips documents whose file exists). A bad
 //! file or page is reported by name and the rest still run; the exit code is non-zero when
 //! anything failed. A progress bar on stderr (not with `--quiet` or when stderr is not a
-//! terminal) counts pages; a summary line closes multi-page runs.
+//! terminal) counts pages; a summary line closes every run. `--devices 0,1` (or `cpu,cpu`)
+//! runs one engine per device, each taking the next page when it has room.
 
 use crate::ocr_output::{md_path, Mode, Output, PageResult};
 use anyhow::Context;
@@ -20,8 +21,10 @@ use ocrctl::ortmodel::OrtModel;
 use ocrctl::preprocess;
 use ocrctl::sampling::{LoopGuard, SamplingParams};
 use serde_json::json;
+use ocrctl::devices::Device;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -83,6 +86,10 @@ pub struct OcrArgs {
     /// wheel in .venv or python3's site-packages).
     #[arg(long)]
     pdfium_lib: Option<PathBuf>,
+    /// Devices to run one engine each on, comma-separated: GPU indices (`0,1`, with the
+    /// profile's GPU providers) or `cpu`; engines take the next page when they have room.
+    #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
+    devices: Vec<Device>,
     /// Hide the progress bar (the closing summary line stays).
     #[arg(long, short)]
     quiet: bool,
@@ -167,6 +174,29 @@ struct Meta {
     image_tokens: usize,
 }
 
+/// The load options of one engine per device of `--devices` (none given: one engine with
+/// `opts` as they are), with the devices' labels.
+fn engine_options(
+    devices: &[Device],
+    opts: &ocrctl::ortmodel::LoadOptions,
+) -> anyhow::Result<Vec<(String, ocrctl::ortmodel::LoadOptions)>> {
+    if devices.is_empty() {
+        return Ok(vec![("the default device".into(), opts.clone())]);
+    }
+    ocrctl::devices::check(devices).map_err(anyhow::Error::msg)?;
+    let cpus = devices.iter().filter(|d| **d == Device::Cpu).count();
+    let labels = ocrctl::devices::labels(devices);
+    devices
+        .iter()
+        .zip(labels)
+        .map(|(d, l)| {
+            ocrctl::devices::options_for(opts, *d, cpus)
+                .map(|o| (l, o))
+                .map_err(anyhow::Error::msg)
+        })
+        .collect()
+}
+
 /// Runs OCR over all inputs; returns failure if any input, document or page failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let params = SamplingParams {
@@ -213,13 +243,14 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         (None, true) => Mode::Json,
         (None, false) => Mode::Text,
     };
-    let out = RefCell::new(Output::new(&docs, mode, a.quiet));
+    let out = Mutex::new(Output::new(&docs, mode, a.quiet));
     if total_pages > 0 {
         let mut opts = opts;
         opts.kv_slots = batch_size;
-        run_pages(&a, &docs, &out, &params, batch_size, max_tokens, opts)?;
+        let engines = engine_options(&a.devices, &opts)?;
+        run_pages(&a, &docs, &out, &params, batch_size, max_tokens, engines)?;
     }
-    let out = out.into_inner();
+    let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
     let secs = out.close();
     let failed = open_failed + out.failed_docs;
     // Always, a single image too: what ran and how fast.
@@ -243,118 +274,204 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Loads the model and runs every page of `docs` through the engine, writing to `out`.
-fn run_pages(
-    a: &OcrArgs,
-    docs: &[Document],
-    out: &RefCell<Output>,
-    params: &SamplingParams,
+/// What the engine threads of one run share: the pages still to read (taken in input order
+/// by whichever engine has room), the page loader, the model's prompt inputs and the output.
+struct Pages<'a, 'd, I> {
+    a: &'a OcrArgs,
+    docs: &'a [Document],
+    out: &'a Mutex<Output<'d>>,
+    units: Mutex<I>,
+    loader: Mutex<PageLoader>,
+    prompter: ocrctl::prompt::Prompter,
+    pre: preprocess::PreprocessConfig,
+    stops: Vec<u32>,
+    image_token_id: u32,
+    params: &'a SamplingParams,
+    max_tokens: usize,
+}
+
+/// Runs every page of `docs` through one engine per device of `engines` (load options of
+/// each), writing to `out`. An engine that fails to load is reported and the others read all
+/// pages; when none loads, the first error is returned.
+fn run_pages<'a, 'd>(
+    a: &'a OcrArgs,
+    docs: &'a [Document],
+    out: &'a Mutex<Output<'d>>,
+    params: &'a SamplingParams,
     batch_size: usize,
     max_tokens: usize,
-    opts: ocrctl::ortmodel::LoadOptions,
+    engines: Vec<(String, ocrctl::ortmodel::LoadOptions)>,
 ) -> anyhow::Result<()> {
-    let model = OrtModel::load(&a.model, &opts)?;
-    let cfg = model.manifest.model.clone();
+    let manifest = ocrctl_exporters::export::Manifest::load(&a.model)
+        .with_context(|| format!("--model {}", a.model.display()))?;
+    let cfg = manifest.model;
     let (prompter, pre) = crate::cmd_common::page_inputs(&a.model, &cfg)?;
-    let stops = ocrctl::generate::stop_ids(&a.model, &cfg.eos_token_ids);
-    let meta: RefCell<Vec<Meta>> = RefCell::new(Vec::new());
-    let mut loader = PageLoader::new(a.pdfium_lib.clone(), a.max_pixels);
-    // Pages are loaded, preprocessed and encoded only when the engine admits them.
     let units = docs
         .iter()
         .enumerate()
         .flat_map(|(d, doc)| (0..doc.pages()).map(move |p| (d, p)))
         .enumerate();
-    let requests = units.filter_map(|(unit, (d, page))| {
-        let doc = &docs[d];
-        let r = (|| -> anyhow::Result<(GenRequest, Meta)> {
-            let img = loader.load(doc, page)?;
-            if page + 1 == doc.pages() {
-                loader.close();
-            }
-            let p = preprocess::preprocess(&img, &pre);
-            drop(img);
-            let ids = prompter.encode(&[p.num_image_tokens], None)?;
-            let m = Meta {
-                unit,
-                prompt_tokens: ids.len(),
-                size: [p.height, p.width],
-                image_tokens: p.num_image_tokens,
-            };
-            let req = GenRequest {
-                prompt_ids: ids,
-                images: vec![p.pixel_values],
-                params: params.clone(),
-                max_new_tokens: max_tokens,
-                stop_ids: stops.clone(),
-                ignore_eos: a.ignore_eos,
-                logprobs: false,
-                top_logprobs: a.top_logprobs,
-            };
-            Ok((req, m))
-        })();
-        match r {
-            Ok((req, m)) => {
-                meta.borrow_mut().push(m);
-                Some(req)
-            }
-            Err(e) => {
-                let mut o = out.borrow_mut();
-                let msg = named(
-                    &o.page_name(d, page),
-                    &doc.path,
-                    crate::cmd_common::describe(&e),
-                );
-                o.finish(unit, Err(msg));
-                None
-            }
-        }
-    });
-    let mut engine = Engine {
-        backend: model,
-        max_batch: batch_size,
+    let pages = Pages {
+        a,
+        docs,
+        out,
+        units: Mutex::new(units),
+        loader: Mutex::new(PageLoader::new(a.pdfium_lib.clone(), a.max_pixels)),
+        prompter,
+        pre,
+        stops: ocrctl::generate::stop_ids(&a.model, &cfg.eos_token_ids),
         image_token_id: cfg.image_token_id,
+        params,
+        max_tokens,
     };
-    let json = a.json && a.out.is_none();
-    engine.run(requests, &mut |ev| match ev {
-        Event::Token { .. } => out.borrow_mut().token(),
-        Event::Done { index, result } => {
-            let meta = meta.borrow();
-            let m = &meta[index];
-            let mut o = out.borrow_mut();
-            let (d, page) = o.locate(m.unit);
-            let name = o.page_name(d, page);
-            let r: PageResult = match result {
-                Ok(g) => {
-                    let text_ids: &[u32] = match g.token_ids.iter().position(|t| stops.contains(t))
-                    {
-                        Some(i) if !a.ignore_eos => &g.token_ids[..i],
-                        _ => &g.token_ids,
+    let n = engines.len();
+    let errors: Vec<anyhow::Error> = std::thread::scope(|s| {
+        let handles: Vec<_> = engines
+            .into_iter()
+            .map(|(label, opts)| {
+                let pages = &pages;
+                s.spawn(move || -> anyhow::Result<()> {
+                    let model = OrtModel::load(&a.model, &opts)
+                        .with_context(|| format!("loading the model on {label}"));
+                    let model = match model {
+                        Ok(m) => m,
+                        Err(e) if n > 1 => {
+                            let e = crate::cmd_common::describe(&e);
+                            eprintln!("error: {e}; the other engines read the pages");
+                            return Err(anyhow::anyhow!(e));
+                        }
+                        Err(e) => return Err(e),
                     };
-                    prompter
-                        .decode(text_ids, true)
-                        .map(|text| {
-                            let v = json.then(|| {
-                                json!({
-                                    "file": docs[d].path.display().to_string(),
-                                    "page": page + 1,
-                                    "text": text,
-                                    "token_ids": g.token_ids,
-                                    "top_logprobs": g.top_logprobs,
-                                    "finish_reason": g.finish_reason,
-                                    "prompt_tokens": m.prompt_tokens,
-                                    "image_tokens": m.image_tokens,
-                                    "image_size": m.size,
-                                })
-                            });
-                            (text, v)
-                        })
-                        .map_err(|e| format!("{name}: {e}"))
-                }
-                Err(e) => Err(format!("{name}: {e}")),
-            };
-            o.finish(m.unit, r);
-        }
+                    pages.run_engine(model, batch_size);
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| match h.join() {
+                Ok(r) => r.err(),
+                Err(p) => Some(anyhow::anyhow!(
+                    "an engine thread panicked: {}",
+                    ocrctl::engine::panic_message(p.as_ref())
+                )),
+            })
+            .collect()
     });
-    Ok(())
+    match errors.into_iter().next() {
+        // No engine ran (one device that failed, or every one): nothing was read.
+        Some(e) if n == 1 || pages.units.lock().unwrap_or_else(|e| e.into_inner()).next().is_some() => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
+    /// The next page as a request: loaded and preprocessed when the engine admits it. A page
+    /// that fails is reported and skipped.
+    fn next_request(&self, meta: &mut Vec<Meta>) -> Option<GenRequest> {
+        loop {
+            let (unit, (d, page)) = self.units.lock().unwrap_or_else(|e| e.into_inner()).next()?;
+            let doc = &self.docs[d];
+            let r = (|| -> anyhow::Result<(GenRequest, Meta)> {
+                let img = {
+                    let mut loader = self.loader.lock().unwrap_or_else(|e| e.into_inner());
+                    let img = loader.load(doc, page)?;
+                    if page + 1 == doc.pages() {
+                        loader.close();
+                    }
+                    img
+                };
+                let p = preprocess::preprocess(&img, &self.pre);
+                drop(img);
+                let ids = self.prompter.encode(&[p.num_image_tokens], None)?;
+                let m = Meta {
+                    unit,
+                    prompt_tokens: ids.len(),
+                    size: [p.height, p.width],
+                    image_tokens: p.num_image_tokens,
+                };
+                let req = GenRequest {
+                    prompt_ids: ids,
+                    images: vec![p.pixel_values],
+                    params: self.params.clone(),
+                    max_new_tokens: self.max_tokens,
+                    stop_ids: self.stops.clone(),
+                    ignore_eos: self.a.ignore_eos,
+                    logprobs: false,
+                    top_logprobs: self.a.top_logprobs,
+                };
+                Ok((req, m))
+            })();
+            match r {
+                Ok((req, m)) => {
+                    meta.push(m);
+                    return Some(req);
+                }
+                Err(e) => {
+                    let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                    let msg = named(
+                        &o.page_name(d, page),
+                        &doc.path,
+                        crate::cmd_common::describe(&e),
+                    );
+                    o.finish(unit, Err(msg));
+                }
+            }
+        }
+    }
+
+    /// One engine's loop: takes pages while it has room until none are left.
+    fn run_engine(&self, model: OrtModel, batch_size: usize) {
+        let (a, docs) = (self.a, self.docs);
+        // Indices of this engine's requests (its own count) → their pages.
+        let meta: RefCell<Vec<Meta>> = RefCell::new(Vec::new());
+        let requests = std::iter::from_fn(|| self.next_request(&mut meta.borrow_mut()));
+        let mut engine = Engine {
+            backend: model,
+            max_batch: batch_size,
+            image_token_id: self.image_token_id,
+        };
+        let json = a.json && a.out.is_none();
+        let out = || self.out.lock().unwrap_or_else(|e| e.into_inner());
+        engine.run(requests, &mut |ev| match ev {
+            Event::Token { .. } => out().token(),
+            Event::Done { index, result } => {
+                let meta = meta.borrow();
+                let m = &meta[index];
+                let mut o = out();
+                let (d, page) = o.locate(m.unit);
+                let name = o.page_name(d, page);
+                let r: PageResult = match result {
+                    Ok(g) => {
+                        let text_ids: &[u32] =
+                            match g.token_ids.iter().position(|t| self.stops.contains(t)) {
+                                Some(i) if !a.ignore_eos => &g.token_ids[..i],
+                                _ => &g.token_ids,
+                            };
+                        self.prompter
+                            .decode(text_ids, true)
+                            .map(|text| {
+                                let v = json.then(|| {
+                                    json!({
+                                        "file": docs[d].path.display().to_string(),
+                                        "page": page + 1,
+                                        "text": text,
+                                        "token_ids": g.token_ids,
+                                        "top_logprobs": g.top_logprobs,
+                                        "finish_reason": g.finish_reason,
+                                        "prompt_tokens": m.prompt_tokens,
+                                        "image_tokens": m.image_tokens,
+                                        "image_size": m.size,
+                                    })
+                                });
+                                (text, v)
+                            })
+                            .map_err(|e| format!("{name}: {e}"))
+                    }
+                    Err(e) => Err(format!("{name}: {e}")),
+                };
+                o.finish(m.unit, r);
+            }
+        });
+    }
 }

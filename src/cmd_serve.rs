@@ -6,12 +6,15 @@
 //!
 //! Every option can also come from an `OCRCTL_*` environment variable (`OCRCTL_MODEL`,
 //! `OCRCTL_PROFILE`, `OCRCTL_PORT`, …). The model loads on the engine thread while the
-//! server already answers: `/health` is 503 until it is ready. A model that fails to load
-//! ends the process with status 1, an engine thread that dies with status 70, so that a
-//! supervisor restarts it.
+//! server already answers: `/health` is 503 until it is ready. `--devices 0,1,2,3` runs one
+//! engine per device behind the one HTTP front and queue (see [`ocrctl::server::queue`]);
+//! the server is ready while one engine is, and `/health` names those that are not. When no
+//! engine is left — every one failed to load (status 1) or died while serving (status 70) —
+//! the process exits, so that a supervisor restarts it.
 
 use anyhow::Context;
 use clap::Args;
+use ocrctl::devices::{self, Device};
 use ocrctl::engine::Engine;
 use ocrctl::ortmodel::OrtModel;
 use ocrctl::preprocess::DEFAULT_MAX_PIXELS;
@@ -83,6 +86,77 @@ pub struct ServeArgs {
     /// localhost (comma-separated). Other Host headers get 403 (DNS-rebinding guard).
     #[arg(long, env = "OCRCTL_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
+    /// Devices to run one engine each on, comma-separated: GPU indices (`0,1,2,3`, with the
+    /// profile's GPU providers) or `cpu` (default: one engine, the profile's device 0).
+    #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
+    devices: Vec<Device>,
+}
+
+/// Starts engine `me` (on device `label`): loads the model on its own thread and runs it
+/// under [`worker::supervise`]. When no engine is left, the process exits (status 1 when
+/// loading failed, 70 when an engine died while serving).
+#[allow(clippy::too_many_arguments)]
+fn spawn_engine(
+    me: usize,
+    label: String,
+    dir: PathBuf,
+    opts: ocrctl::ortmodel::LoadOptions,
+    batch: usize,
+    image_token_id: u32,
+    prompter: Arc<ocrctl::prompt::Prompter>,
+    shared: Arc<worker::Shared>,
+) -> anyhow::Result<()> {
+    let one = shared.engines.len() == 1;
+    let who = if one {
+        String::new()
+    } else {
+        format!(" on {label}")
+    };
+    std::thread::Builder::new()
+        .name(format!("ocrctl-engine-{me}"))
+        .spawn(move || {
+            let t = std::time::Instant::now();
+            match OrtModel::load(&dir, &opts) {
+                Ok(model) => {
+                    eprintln!(
+                        "ocrctl serve: model loaded{who} in {:.1} s (batch {batch})",
+                        t.elapsed().as_secs_f64()
+                    );
+                    let engine = Engine {
+                        backend: model,
+                        max_batch: batch,
+                        image_token_id,
+                    };
+                    let s2 = shared.clone();
+                    worker::supervise(
+                        &shared,
+                        me,
+                        move || worker::run_worker(engine, prompter, s2, me),
+                        |why| {
+                            if shared.state() == worker::ModelState::Failed {
+                                eprintln!(
+                                    "error: {why}{who}; exiting so that a supervisor restarts the server"
+                                );
+                                // Let the handlers send the failures of the requests in flight.
+                                std::thread::sleep(Duration::from_millis(300));
+                                std::process::exit(EXIT_ENGINE_DIED);
+                            }
+                            eprintln!("error: {why}{who}; the other engines go on serving");
+                        },
+                    );
+                }
+                Err(e) => {
+                    eprintln!("error: loading {}{who}: {e}", dir.display());
+                    shared.set_failed(me, format!("loading the model failed: {e}"));
+                    // A server that can never answer must not look alive to a supervisor.
+                    if shared.state() == worker::ModelState::Failed {
+                        std::process::exit(EXIT_LOAD_FAILED);
+                    }
+                }
+            }
+        })
+        .context("starting an engine thread")?;
+    Ok(())
 }
 
 /// Runs the server until SIGTERM/SIGINT.
@@ -129,8 +203,26 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "ocrctl".into())
     });
-    let shared = Arc::new(worker::Shared::new(
+    let devices = if a.devices.is_empty() {
+        vec![if opts.providers.order.iter().any(|p| p.is_gpu()) {
+            Device::Gpu(opts.providers.device_id.max(0) as u32)
+        } else {
+            Device::Cpu
+        }]
+    } else {
+        a.devices.clone()
+    };
+    devices::check(&devices).map_err(anyhow::Error::msg)?;
+    let cpu_engines = devices.iter().filter(|d| **d == Device::Cpu).count();
+    let engine_opts = devices
+        .iter()
+        .map(|d| devices::options_for(&opts, *d, cpu_engines))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let labels = devices::labels(&devices);
+    let shared = Arc::new(worker::Shared::with_engines(
         a.queue_size.unwrap_or(profile.queue_size as usize),
+        labels.clone(),
     ));
     let uses_gpu = opts
         .providers
@@ -172,47 +264,19 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             profile.decode_memory_mb as u64 * 1024 * 1024,
         ),
     });
-    // The engine thread owns the model.
-    let dir = a.model.clone();
-    let image_token_id = cfg.image_token_id;
-    std::thread::Builder::new()
-        .name("ocrctl-engine".into())
-        .spawn(move || {
-            let t = std::time::Instant::now();
-            match OrtModel::load(&dir, &opts) {
-                Ok(model) => {
-                    eprintln!(
-                        "ocrctl serve: model loaded in {:.1} s (batch {batch})",
-                        t.elapsed().as_secs_f64()
-                    );
-                    let engine = Engine {
-                        backend: model,
-                        max_batch: batch,
-                        image_token_id,
-                    };
-                    let s2 = shared.clone();
-                    worker::supervise(
-                        &shared,
-                        move || worker::run_worker(engine, prompter, s2),
-                        |why| {
-                            eprintln!(
-                                "error: {why}; exiting so that a supervisor restarts the server"
-                            );
-                            // Let the handlers send the failures of the requests in flight.
-                            std::thread::sleep(Duration::from_millis(300));
-                            std::process::exit(EXIT_ENGINE_DIED);
-                        },
-                    );
-                }
-                Err(e) => {
-                    // A server that can never answer must not look alive to a supervisor.
-                    eprintln!("error: loading {}: {e}", dir.display());
-                    worker::set_failed(&shared, format!("loading the model failed: {e}"));
-                    std::process::exit(EXIT_LOAD_FAILED);
-                }
-            }
-        })
-        .context("starting the engine thread")?;
+    // Each engine thread owns its copy of the model.
+    for (me, (opts, label)) in engine_opts.into_iter().zip(labels).enumerate() {
+        spawn_engine(
+            me,
+            label,
+            a.model.clone(),
+            opts,
+            batch,
+            cfg.image_token_id,
+            prompter.clone(),
+            shared.clone(),
+        )?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod calibrate;
 pub mod cudalibs;
+pub mod devices;
 pub mod engine;
 pub mod eval;
 pub mod generate;

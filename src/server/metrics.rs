@@ -107,6 +107,20 @@ pub struct Gauges {
     /// Bytes of images being decoded now, and the most ever at once (see `DecodeBudget`).
     pub decode_bytes: u64,
     pub decode_peak_bytes: u64,
+    /// Each engine (one per device), labelled `device`.
+    pub engines: Vec<EngineGauges>,
+}
+
+/// One engine's figures at scrape time.
+pub struct EngineGauges {
+    /// The `device` label (`cpu:0`, `gpu:1`).
+    pub device: String,
+    pub ready: bool,
+    pub batch_size: usize,
+    /// Tokens in hand (prompt + remaining new tokens of its running requests).
+    pub load_tokens: u64,
+    pub admitted: u64,
+    pub generated: u64,
 }
 
 impl Metrics {
@@ -207,6 +221,20 @@ impl Metrics {
             "Most estimated bytes of request images ever decoded at once.",
             g.decode_peak_bytes as f64,
         );
+        type Field = fn(&EngineGauges) -> f64;
+        let per_engine: [(&str, &str, &str, Field); 5] = [
+            ("ocrctl_engine_ready", "gauge", "1 while this device's engine serves.", |e| e.ready as u8 as f64),
+            ("ocrctl_engine_batch_size", "gauge", "Requests in this device's decode batch.", |e| e.batch_size as f64),
+            ("ocrctl_engine_load_tokens", "gauge", "Tokens in hand on this device: prompt + remaining new tokens of its requests.", |e| e.load_tokens as f64),
+            ("ocrctl_engine_requests_total", "counter", "Requests this device's engine admitted.", |e| e.admitted as f64),
+            ("ocrctl_engine_generated_tokens_total", "counter", "Tokens this device's engine generated.", |e| e.generated as f64),
+        ];
+        for (name, kind, help, f) in per_engine {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for e in &g.engines {
+                let _ = writeln!(out, "{name}{{device=\"{}\"}} {}", e.device, f(e));
+            }
+        }
         if let Some(b) = g.gpu_memory_bytes {
             gauge(
                 &mut out,
@@ -254,7 +282,22 @@ mod tests {
             rss_bytes: Some(10),
             decode_bytes: 0,
             decode_peak_bytes: 7,
+            engines: ["cpu:0", "cpu:1"]
+                .iter()
+                .enumerate()
+                .map(|(i, d)| EngineGauges {
+                    device: d.to_string(),
+                    ready: i == 0,
+                    batch_size: 3 - i,
+                    load_tokens: 100,
+                    admitted: 5 + i as u64,
+                    generated: 40,
+                })
+                .collect(),
         });
+        assert!(text.contains("ocrctl_engine_ready{device=\"cpu:0\"} 1\nocrctl_engine_ready{device=\"cpu:1\"} 0\n"));
+        assert!(text.contains("# TYPE ocrctl_engine_requests_total counter\nocrctl_engine_requests_total{device=\"cpu:0\"} 5\n"));
+        assert!(text.contains("ocrctl_engine_batch_size{device=\"cpu:1\"} 2\n"));
         assert!(text.contains("ocrctl_image_decode_peak_bytes 7\n"));
         assert!(
             text.contains("ocrctl_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2")

@@ -1,6 +1,7 @@
 //! `ocrctl serve`: an OpenAI-compatible HTTP server over the continuous-batching engine.
 //!
-//! One engine thread owns the model ([`worker`]); axum handlers parse and check requests
+//! One engine thread per device owns a copy of the model ([`worker`]), all drawing from one
+//! bounded queue ([`queue`]: the least loaded engine with room takes the next job); axum handlers parse and check requests
 //! ([`openai`], [`images`]), preprocess images on tokio's blocking pool, and queue jobs
 //! through a bounded queue (429 when full). Errors are one enum ([`error::ApiError`]) mapped
 //! once to statuses and OpenAI's error body.
@@ -17,6 +18,7 @@ pub mod images;
 pub mod metrics;
 pub mod openai;
 mod page;
+pub mod queue;
 mod routes;
 pub mod stops;
 pub mod worker;
@@ -89,12 +91,7 @@ impl AppState {
             ModelState::Loading => Err(ApiError::Unavailable("the model is still loading".into())),
             ModelState::Failed => Err(ApiError::Unavailable(format!(
                 "the model is unavailable: {}",
-                self.shared
-                    .load_error
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .unwrap_or_default()
+                self.shared.failures().unwrap_or_default()
             ))),
         }
     }

@@ -4,7 +4,7 @@
 use super::error::ApiError;
 use super::events::{collect, next_event, sse};
 use super::images;
-use super::metrics::{rss_bytes, Gauges};
+use super::metrics::{rss_bytes, EngineGauges, Gauges};
 use super::openai::{self, ChatParams};
 use super::worker::{Job, JobEvent, ModelState};
 use super::AppState;
@@ -38,35 +38,39 @@ fn body_error(status: StatusCode, st: &AppState, detail: String) -> ApiError {
     }
 }
 
-/// `GET /health`: 200 once the model is loaded, 503 before (or when it failed).
+/// `GET /health`: 200 while at least one engine is ready (and the server is not shutting
+/// down), 503 before (or when every engine failed). The body lists each engine's device and
+/// state, so a degraded multi-device server says which engines are not serving.
 pub async fn health(State(st): St) -> Response {
-    match (st.shared.state(), st.stopping.load(Ordering::Relaxed)) {
-        (ModelState::Ready, false) => {
-            (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
-        }
-        (ModelState::Ready, true) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "shutting_down"})),
-        )
-            .into_response(),
-        (ModelState::Loading, _) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "loading"})),
-        )
-            .into_response(),
-        (ModelState::Failed, _) => {
-            let why = st
-                .shared
-                .load_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"status": "failed", "error": why})),
-            )
-                .into_response()
-        }
+    let engines: Vec<Value> = st
+        .shared
+        .engines
+        .iter()
+        .map(|e| {
+            let mut v = json!({"device": e.label, "status": state_name(e.state())});
+            if let Some(why) = e.error() {
+                v["error"] = json!(why);
+            }
+            v
+        })
+        .collect();
+    let (status, name) = match (st.shared.state(), st.stopping.load(Ordering::Relaxed)) {
+        (ModelState::Ready, false) => (StatusCode::OK, "ok"),
+        (ModelState::Ready, true) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        (s, _) => (StatusCode::SERVICE_UNAVAILABLE, state_name(s)),
+    };
+    let mut body = json!({"status": name, "engines": engines});
+    if name == "failed" {
+        body["error"] = json!(st.shared.failures());
+    }
+    (status, Json(body)).into_response()
+}
+
+fn state_name(s: ModelState) -> &'static str {
+    match s {
+        ModelState::Ready => "ok",
+        ModelState::Loading => "loading",
+        ModelState::Failed => "failed",
     }
 }
 
@@ -78,12 +82,25 @@ pub async fn metrics(State(st): St) -> Response {
     };
     let text = st.shared.metrics.render(&Gauges {
         queue_depth: st.shared.queue_depth(),
-        batch_size: st.shared.batch_size.load(Ordering::Relaxed),
+        batch_size: st.shared.batch_size(),
         ready: st.shared.state() == ModelState::Ready,
         gpu_memory_bytes: gpu,
         rss_bytes: rss_bytes(),
         decode_bytes: st.decode_budget.in_use(),
         decode_peak_bytes: st.decode_budget.peak(),
+        engines: st
+            .shared
+            .engines
+            .iter()
+            .map(|e| EngineGauges {
+                device: e.label.clone(),
+                ready: e.state() == ModelState::Ready,
+                batch_size: e.batch_size.load(Ordering::Relaxed),
+                load_tokens: e.load_tokens.load(Ordering::Relaxed),
+                admitted: e.admitted.load(Ordering::Relaxed),
+                generated: e.generated.load(Ordering::Relaxed),
+            })
+            .collect(),
     });
     (
         [(

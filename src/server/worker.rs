@@ -8,15 +8,17 @@
 
 use super::error::ApiError;
 use super::metrics::Metrics;
+pub use super::queue::{ModelState, Shared};
+use super::queue::EngineSlot;
 use super::stops::StopMatcher;
 use crate::backend::Backend;
 use crate::engine::{Batch, Engine, Event, Flow, GenRequest};
 use crate::generate::FinishReason;
 use crate::prompt::{Prompter, StreamDecoder};
 use serde_json::Value;
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -49,131 +51,6 @@ pub enum JobEvent {
     Failed(ApiError),
 }
 
-/// Lifecycle of the model, as `/health` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ModelState {
-    Loading = 0,
-    Ready = 1,
-    Failed = 2,
-}
-
-/// State shared between the engine thread and the handlers.
-pub struct Shared {
-    state: AtomicU8,
-    /// Why loading failed.
-    pub load_error: Mutex<Option<String>>,
-    queue: Mutex<VecDeque<Job>>,
-    wake: Condvar,
-    /// Jobs the queue may hold.
-    pub queue_size: usize,
-    /// Requests in the decode batch.
-    pub batch_size: AtomicUsize,
-    /// Jobs admitted since start.
-    pub admitted: AtomicU64,
-    pub metrics: Metrics,
-}
-
-impl Shared {
-    /// An empty queue holding at most `queue_size` waiting jobs.
-    pub fn new(queue_size: usize) -> Shared {
-        Shared {
-            state: AtomicU8::new(ModelState::Loading as u8),
-            load_error: Mutex::new(None),
-            queue: Mutex::new(VecDeque::new()),
-            wake: Condvar::new(),
-            queue_size,
-            batch_size: AtomicUsize::new(0),
-            admitted: AtomicU64::new(0),
-            metrics: Metrics::default(),
-        }
-    }
-
-    /// The model's state.
-    pub fn state(&self) -> ModelState {
-        match self.state.load(Ordering::Acquire) {
-            1 => ModelState::Ready,
-            2 => ModelState::Failed,
-            _ => ModelState::Loading,
-        }
-    }
-
-    fn set_state(&self, s: ModelState) {
-        self.state.store(s as u8, Ordering::Release);
-    }
-
-    /// Jobs waiting for a batch slot.
-    pub fn queue_depth(&self) -> usize {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Queues `job`, or refuses it (429) when `queue_size` jobs already wait.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() >= self.queue_size {
-            return Err(ApiError::QueueFull { queued: q.len() });
-        }
-        q.push_back(job);
-        drop(q);
-        self.wake.notify_one();
-        Ok(())
-    }
-
-    /// Queues several jobs (the pages of one document) all or none. A document with more
-    /// pages than `queue_size` is taken only when the queue is empty.
-    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() + jobs.len() > self.queue_size && !q.is_empty() {
-            return Err(ApiError::QueueFull { queued: q.len() });
-        }
-        q.extend(jobs);
-        drop(q);
-        self.wake.notify_one();
-        Ok(())
-    }
-
-    /// Next job: waits up to `wait` when `block`, else returns at once. Jobs whose client
-    /// is gone are dropped; jobs past their deadline are failed.
-    fn next_job(&self, block: bool, wait: Duration) -> Option<Job> {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            while let Some(job) = q.pop_front() {
-                if job.events.is_closed() {
-                    continue;
-                }
-                if Instant::now() > job.deadline {
-                    let secs = job
-                        .deadline
-                        .saturating_duration_since(job.accepted)
-                        .as_secs();
-                    let _ = job
-                        .events
-                        .send(JobEvent::Failed(ApiError::Timeout { secs }));
-                    continue;
-                }
-                return Some(job);
-            }
-            if !block {
-                return None;
-            }
-            let (g, t) = self
-                .wake
-                .wait_timeout(q, wait)
-                .unwrap_or_else(|e| e.into_inner());
-            q = g;
-            if t.timed_out() && q.is_empty() {
-                return None;
-            }
-        }
-    }
-
-    /// Drops queued jobs whose clients are gone (frees their queue slots).
-    fn prune(&self) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        q.retain(|j| !j.events.is_closed());
-    }
-}
-
 /// Text assembly of one running job.
 struct Running {
     events: UnboundedSender<JobEvent>,
@@ -189,6 +66,8 @@ struct Running {
     last_token: Option<Instant>,
     deadline: Instant,
     tokens: usize,
+    /// Tokens this job added to its engine's load (prompt + max new tokens).
+    cost: u64,
 }
 
 impl Running {
@@ -222,36 +101,44 @@ impl Running {
     }
 }
 
-/// How the engine thread runs: the loaded engine, the prompter for detokenisation.
-pub fn run_worker<B: Backend>(mut engine: Engine<B>, prompter: Arc<Prompter>, shared: Arc<Shared>) {
-    shared.set_state(ModelState::Ready);
-    // If this thread dies (a panic in a runtime), say so on /health and fail every queued
-    // job instead of leaving its client waiting; running jobs fail as their senders drop.
-    struct Guard<'a>(&'a Shared);
+/// How engine `me`'s thread runs: the loaded engine, the prompter for detokenisation.
+pub fn run_worker<B: Backend>(
+    mut engine: Engine<B>,
+    prompter: Arc<Prompter>,
+    shared: Arc<Shared>,
+    me: usize,
+) {
+    shared.set_ready(me);
+    // If this thread dies (a panic in a runtime), say so on /health; when no engine is left,
+    // every queued job fails instead of leaving its client waiting; running jobs fail as
+    // their senders drop.
+    struct Guard<'a>(&'a Shared, usize);
     impl Drop for Guard<'_> {
         fn drop(&mut self) {
-            set_failed(self.0, "the engine thread stopped unexpectedly".into());
             self.0
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clear();
+                .set_failed(self.1, "the engine thread stopped unexpectedly".into());
         }
     }
-    let _guard = Guard(&shared);
+    let _guard = Guard(&shared, me);
+    let slot = &shared.engines[me];
     let mut batch: Batch<B::Cache> = Batch::new();
     let mut running: HashMap<usize, Running> = HashMap::new();
     let mut next_index = 0usize;
     let name = |id: u32| prompter.decode(&[id], false).unwrap_or_default();
     loop {
-        while engine.has_room(&batch) {
+        loop {
+            let room = engine.has_room(&batch);
+            slot.set_room(room);
+            if !room {
+                break;
+            }
             let idle = batch.is_empty();
-            let Some(job) = shared.next_job(idle, Duration::from_millis(200)) else {
+            let Some(job) = shared.next_job(me, idle, Duration::from_millis(200)) else {
                 break;
             };
             let index = next_index;
             next_index += 1;
-            shared.admitted.fetch_add(1, Ordering::Relaxed);
+            slot.admitted.fetch_add(1, Ordering::Relaxed);
             shared
                 .metrics
                 .prompt_tokens
@@ -271,12 +158,13 @@ pub fn run_worker<B: Backend>(mut engine: Engine<B>, prompter: Arc<Prompter>, sh
                     last_token: None,
                     deadline: job.deadline,
                     tokens: 0,
+                    cost: (job.req.prompt_ids.len() + job.req.max_new_tokens) as u64,
                 },
             );
             engine.admit(&mut batch, index, job.req, &mut |ev| {
-                on_event(&mut running, &shared.metrics, &name, ev)
+                on_event(&mut running, &shared, slot, me, &name, ev)
             });
-            shared.batch_size.store(batch.len(), Ordering::Relaxed);
+            slot.batch_size.store(batch.len(), Ordering::Relaxed);
         }
         if batch.is_empty() {
             continue;
@@ -284,7 +172,7 @@ pub fn run_worker<B: Backend>(mut engine: Engine<B>, prompter: Arc<Prompter>, sh
         let n = batch.len();
         let t = Instant::now();
         engine.step(&mut batch, &mut |ev| {
-            on_event(&mut running, &shared.metrics, &name, ev)
+            on_event(&mut running, &shared, slot, me, &name, ev)
         });
         let secs = t.elapsed().as_secs_f64();
         if secs > 0.0 {
@@ -293,17 +181,20 @@ pub fn run_worker<B: Backend>(mut engine: Engine<B>, prompter: Arc<Prompter>, sh
                 .step_tokens_per_s
                 .store((n as f64 / secs).to_bits(), Ordering::Relaxed);
         }
-        shared.batch_size.store(batch.len(), Ordering::Relaxed);
+        slot.batch_size.store(batch.len(), Ordering::Relaxed);
         shared.prune();
     }
 }
 
 fn on_event(
     running: &mut HashMap<usize, Running>,
-    metrics: &Metrics,
+    shared: &Shared,
+    slot: &EngineSlot,
+    me: usize,
     name: &dyn Fn(u32) -> String,
     ev: Event,
 ) -> Flow {
+    let metrics: &Metrics = &shared.metrics;
     match ev {
         Event::Token {
             index,
@@ -324,6 +215,10 @@ fn on_event(
             r.last_token = Some(now);
             r.tokens += 1;
             metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            slot.generated.fetch_add(1, Ordering::Relaxed);
+            if (r.tokens as u64) < r.cost {
+                slot.load_tokens.fetch_sub(1, Ordering::AcqRel);
+            }
             if now > r.deadline {
                 let secs = r.deadline.saturating_duration_since(r.accepted).as_secs();
                 let _ = r.events.send(JobEvent::Failed(ApiError::Timeout { secs }));
@@ -357,6 +252,7 @@ fn on_event(
             let Some(mut r) = running.remove(&index) else {
                 return Flow::Continue;
             };
+            shared.release(me, r.cost.saturating_sub(r.tokens as u64));
             metrics
                 .request_duration
                 .observe(r.accepted.elapsed().as_secs_f64());
@@ -390,11 +286,12 @@ fn on_event(
     }
 }
 
-/// Runs the engine loop `f` (which never returns while the server lives) and, should it
-/// stop, by a panic or otherwise, marks the model failed and calls `on_death` with the
-/// reason. `serve` exits the process there, non-zero, so that a supervisor (systemd,
-/// Kubernetes) restarts it instead of leaving a live process that answers 503 for ever.
-pub fn supervise(shared: &Shared, f: impl FnOnce(), on_death: impl FnOnce(String)) {
+/// Runs engine `me`'s loop `f` (which never returns while the server lives) and, should it
+/// stop, by a panic or otherwise, marks that engine failed and calls `on_death` with the
+/// reason. `serve` exits the process there, non-zero, when no engine is left, so that a
+/// supervisor (systemd, Kubernetes) restarts it instead of leaving a live process that
+/// answers 503 for ever.
+pub fn supervise(shared: &Shared, me: usize, f: impl FnOnce(), on_death: impl FnOnce(String)) {
     let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(()) => "the engine loop returned".to_string(),
         Err(p) => format!(
@@ -402,15 +299,8 @@ pub fn supervise(shared: &Shared, f: impl FnOnce(), on_death: impl FnOnce(String
             crate::engine::panic_message(p.as_ref())
         ),
     };
-    set_failed(shared, why.clone());
+    shared.set_failed(me, why.clone());
     on_death(why);
-}
-
-/// Marks the model as unavailable (it failed to load, or the engine thread died), with the reason
-/// `/health` reports.
-pub fn set_failed(shared: &Shared, why: String) {
-    *shared.load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-    shared.set_state(ModelState::Failed);
 }
 
 #[cfg(test)]
@@ -459,6 +349,16 @@ mod tests {
         batch: usize,
         shared: &Arc<Shared>,
     ) -> std::thread::JoinHandle<()> {
+        spawn_engine(backend, batch, shared, 0)
+    }
+
+    /// Like `spawn`, as engine `me` of `shared`.
+    fn spawn_engine<B: Backend + Send + 'static>(
+        backend: B,
+        batch: usize,
+        shared: &Arc<Shared>,
+        me: usize,
+    ) -> std::thread::JoinHandle<()> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/tiny-lightonocr/checkpoint");
         let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
@@ -469,7 +369,7 @@ mod tests {
                 max_batch: batch,
                 image_token_id: 326,
             };
-            run_worker(engine, prompter, s);
+            run_worker(engine, prompter, s, me);
         })
     }
 
@@ -521,6 +421,82 @@ mod tests {
                 other => return (text, other),
             }
         }
+    }
+
+    /// Waits (bounded) until `cond` holds.
+    fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let t = Instant::now();
+        while !cond() {
+            assert!(t.elapsed() < Duration::from_secs(20), "never: {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn jobs_go_to_the_engine_with_the_fewest_tokens_in_hand() {
+        let shared = Arc::new(Shared::with_engines(8, vec!["cpu:0".into(), "cpu:1".into()]));
+        for me in 0..2 {
+            spawn_engine(Slow { delay: Duration::from_millis(2) }, 2, &shared, me);
+        }
+        eventually("both engines ready", || {
+            shared.engines.iter().all(|e| e.state() == ModelState::Ready)
+        });
+        // One long job: whichever engine takes it holds ~100k tokens from then on.
+        let (big, _keep) = job(100_000, &[], Duration::from_secs(600));
+        shared.submit(big).unwrap();
+        let admitted = |i: usize| shared.engines[i].admitted.load(Ordering::Relaxed);
+        eventually("the long job admitted", || admitted(0) + admitted(1) == 1);
+        let busy = if admitted(0) == 1 { 0 } else { 1 };
+        assert!(shared.engines[busy].load_tokens.load(Ordering::Relaxed) > 90_000);
+        // Short jobs, one at a time: both engines have room, so each goes to the idle one.
+        for _ in 0..5 {
+            let (j, mut rx) = job(3, &[], Duration::from_secs(30));
+            shared.submit(j).unwrap();
+            let (text, done) = text_of(&mut rx);
+            assert_eq!(text, "123");
+            assert!(matches!(done, JobEvent::Done { .. }));
+        }
+        assert_eq!(admitted(busy), 1);
+        assert_eq!(admitted(1 - busy), 5);
+        // Finished work leaves the load: the idle engine holds nothing now.
+        eventually("the short jobs released", || {
+            shared.engines[1 - busy].load_tokens.load(Ordering::Relaxed) == 0
+        });
+        // Two more long jobs: the first to the idle engine (0 tokens in hand), the second
+        // back to the busy one, which has worked part of its ~100k tokens off by now.
+        let mut keep = Vec::new();
+        for want in [(1 - busy, 6), (busy, 2)] {
+            let (j, rx) = job(100_000, &[], Duration::from_secs(600));
+            keep.push(rx);
+            shared.submit(j).unwrap();
+            eventually("the long job admitted", || admitted(want.0) == want.1);
+        }
+        // The busy engine's batch is full now: a short job goes to the other, whatever it holds.
+        let (j, mut rx) = job(3, &[], Duration::from_secs(30));
+        shared.submit(j).unwrap();
+        assert_eq!(text_of(&mut rx).0, "123");
+        assert_eq!((admitted(busy), admitted(1 - busy)), (2, 7));
+    }
+
+    #[test]
+    fn the_server_is_ready_while_one_engine_is_and_fails_when_none_is() {
+        let shared = Shared::with_engines(4, vec!["gpu:0".into(), "cpu:0".into()]);
+        assert_eq!(shared.state(), ModelState::Loading);
+        shared.set_failed(0, "no such device".into());
+        assert_eq!(shared.state(), ModelState::Loading);
+        let (j, mut rx) = job(3, &[], Duration::from_secs(30));
+        shared.submit(j).unwrap();
+        shared.set_ready(1);
+        assert_eq!(shared.state(), ModelState::Ready);
+        assert_eq!(shared.failures().unwrap(), "gpu:0: no such device");
+        // The last engine going too fails what still waits, naming why.
+        shared.set_failed(1, "the engine thread stopped".into());
+        assert_eq!(shared.state(), ModelState::Failed);
+        match next(&mut rx) {
+            JobEvent::Failed(e) => assert!(e.to_string().contains("stopped"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(shared.queue_depth(), 0);
     }
 
     #[test]
@@ -625,13 +601,7 @@ mod tests {
         let t = spawn(Panics, 1, &shared);
         assert!(t.join().is_err(), "the worker panicked");
         assert_eq!(shared.state(), ModelState::Failed);
-        assert!(shared
-            .load_error
-            .lock()
-            .unwrap()
-            .as_deref()
-            .unwrap()
-            .contains("stopped"));
+        assert!(shared.failures().unwrap().contains("stopped"));
         // Both clients hear the end of their channel instead of waiting forever.
         for rx in [&mut rx, &mut rx2] {
             loop {
@@ -665,7 +635,8 @@ mod tests {
         let s2 = shared.clone();
         supervise(
             &shared,
-            || run_worker(engine, prompter, s2),
+            0,
+            || run_worker(engine, prompter, s2, 0),
             |why| died = Some(why),
         );
         let why = died.expect("on_death was called");
@@ -679,7 +650,7 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Disconnected);
         // A loop that merely returns is a death too.
         let mut died = None;
-        supervise(&shared, || {}, |why| died = Some(why));
+        supervise(&shared, 0, || {}, |why| died = Some(why));
         assert!(died.unwrap().contains("returned"));
     }
 
