@@ -6,16 +6,7 @@
 //! ocrctl serve --model out/tiny --profile cpu --precision fp32 --port 8000
 //! ```
 
-mod cmd_bench;
-mod cmd_common;
-mod cmd_doctor;
-mod cmd_eval;
-mod cmd_export;
-mod cmd_ocr;
-mod cmd_profiles;
-mod cmd_serve;
-mod cmd_verify;
-mod ocr_output;
+mod cli;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -31,39 +22,39 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Write a checkpoint as ONNX graphs (vision encoder, token embeddings, decoder).
-    Export(cmd_export::ExportArgs),
+    Export(cli::export::ExportArgs),
     /// OCR images and PDFs (files, folders, glob patterns) with an exported model.
-    Ocr(cmd_ocr::OcrArgs),
+    Ocr(cli::ocr::OcrArgs),
     /// Compare a candidate export (e.g. int4) with a reference (e.g. fp32), teacher-forced.
-    Eval(cmd_eval::EvalArgs),
+    Eval(cli::eval::EvalArgs),
     /// Time the vision encoder, prefill and decoding on synthetic pages.
-    Bench(cmd_bench::BenchArgs),
+    Bench(cli::bench::BenchArgs),
     /// Hardware profiles: list them, show one, check one's memory budget against an export.
-    Profiles(cmd_profiles::ProfilesArgs),
+    Profiles(cli::profiles::ProfilesArgs),
     /// Serve the OpenAI-compatible API (/v1/chat/completions, /v1/ocr) and an upload page.
-    Serve(cmd_serve::ServeArgs),
+    Serve(cli::serve::ServeArgs),
     /// Report the ONNX Runtime library, execution providers, GPUs and fitting profiles.
-    Doctor(cmd_doctor::DoctorArgs),
+    Doctor(cli::doctor::DoctorArgs),
     /// Check every file of an export against the sha256 digests in its ocrctl.json.
-    Verify(cmd_verify::VerifyArgs),
+    Verify(cli::verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Export(a) => cmd_export::run(a),
-        Command::Ocr(a) => cmd_ocr::run(a),
-        Command::Eval(a) => cmd_eval::run(a),
-        Command::Bench(a) => cmd_bench::run(a),
-        Command::Profiles(a) => cmd_profiles::run(a),
-        Command::Doctor(a) => cmd_doctor::run(a),
-        Command::Serve(a) => cmd_serve::run(a),
-        Command::Verify(a) => cmd_verify::run(a),
+        Command::Export(a) => cli::export::run(a),
+        Command::Ocr(a) => cli::ocr::run(a),
+        Command::Eval(a) => cli::eval::run(a),
+        Command::Bench(a) => cli::bench::run(a),
+        Command::Profiles(a) => cli::profiles::run(a),
+        Command::Doctor(a) => cli::doctor::run(a),
+        Command::Serve(a) => cli::serve::run(a),
+        Command::Verify(a) => cli::verify::run(a),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", cmd_common::describe(&e));
+            eprintln!("error: {}", cli::common::describe(&e));
             ExitCode::FAILURE
         }
     }

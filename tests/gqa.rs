@@ -5,13 +5,13 @@
 mod common;
 use common::golden::{check_top5, golden, ids};
 use common::*;
-use ocrctl::backend::Backend;
-use ocrctl::engine::{Engine, GenRequest};
-use ocrctl::generate::{generate_greedy, GreedyOptions};
-use ocrctl::ortmodel::{LoadOptions, OrtModel};
-use ocrctl::preprocess::{self, PreprocessConfig};
-use ocrctl::prompt::Prompter;
-use ocrctl::sampling::SamplingParams;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::generation::engine::{Engine, GenRequest};
+use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::model::preprocess::{self, PreprocessConfig};
+use ocrctl::model::prompt::Prompter;
+use ocrctl::generation::sampling::SamplingParams;
 use ocrctl_exporters::export::{DecoderVariant, Precision};
 use std::path::Path;
 
@@ -215,7 +215,7 @@ fn a_full_cache_makes_requests_wait() {
 /// is ever lost, and the engine never fails a request for want of one.
 #[test]
 fn slots_never_leak_under_random_joins_leaves_and_cancels() {
-    use ocrctl::engine::{Batch, Event, Flow};
+    use ocrctl::generation::engine::{Batch, Event, Flow};
     let mut engine = Engine {
         backend: load(Precision::Fp32, 3, 256),
         max_batch: 3,

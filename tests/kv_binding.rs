@@ -6,9 +6,9 @@
 
 mod common;
 use common::*;
-use ocrctl::backend::Backend;
-use ocrctl::generate::argmax_and_top_k;
-use ocrctl::ortmodel::{KvPath, KvStats, LoadOptions, OrtCache, OrtModel};
+use ocrctl::runtime::backend::Backend;
+use ocrctl::generation::generate::argmax_and_top_k;
+use ocrctl::runtime::ortmodel::{KvPath, KvStats, LoadOptions, OrtCache, OrtModel};
 use ocrctl_exporters::export::{DecoderVariant, Precision};
 
 /// One sequence being decoded: its prompt, the tokens chosen so far, the logits seen at each

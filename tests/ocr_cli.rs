@@ -42,7 +42,7 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
 fn texts_of_rendered_pages(pdf: &Path) -> Vec<String> {
     let d = tempfile::tempdir().unwrap();
     let bytes = std::fs::read(pdf).unwrap();
-    let pages = ocrctl::pdf::render_pdf(&bytes, "scan.pdf", None).expect("pdfium renders");
+    let pages = ocrctl::documents::pdf::render_pdf(&bytes, "scan.pdf", None).expect("pdfium renders");
     assert_eq!(pages.len(), 2);
     for (i, p) in pages.iter().enumerate() {
         p.save(d.path().join(format!("page{}.png", i + 1))).unwrap();

@@ -12,11 +12,11 @@
 mod common;
 use common::golden::{check_top5, golden, ids};
 use common::*;
-use ocrctl::backend::Backend;
-use ocrctl::generate::{generate_greedy, GreedyOptions};
-use ocrctl::ortmodel::{LoadOptions, OrtModel};
-use ocrctl::preprocess::{self, PreprocessConfig};
-use ocrctl::prompt::Prompter;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::model::preprocess::{self, PreprocessConfig};
+use ocrctl::model::prompt::Prompter;
 use ocrctl_exporters::export::{DecoderVariant, Precision};
 use serde_json::Value;
 

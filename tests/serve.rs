@@ -720,7 +720,7 @@ fn a_pdf_upload_reads_like_its_pages_and_bad_pdfs_are_400() {
     let pdfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pdf");
     let pdf = std::fs::read(pdfs.join("two_pages.pdf")).unwrap();
     // Each page on its own, rendered through the library like the server does.
-    let pages = ocrctl::pdf::render_pdf(&pdf, "two_pages.pdf", None).unwrap();
+    let pages = ocrctl::documents::pdf::render_pdf(&pdf, "two_pages.pdf", None).unwrap();
     assert_eq!(pages.len(), 2);
     let mut want = Vec::new();
     for (i, p) in pages.iter().enumerate() {
@@ -756,7 +756,7 @@ fn a_pdf_upload_reads_like_its_pages_and_bad_pdfs_are_400() {
         format!(
             "{}{}{}",
             want[0],
-            ocrctl::inputs::page_separator(2),
+            ocrctl::documents::inputs::page_separator(2),
             want[1]
         )
     );

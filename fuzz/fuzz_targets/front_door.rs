@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ocrctl::preprocess::{decode_image_bytes, preprocess, PreprocessConfig};
+use ocrctl::model::preprocess::{decode_image_bytes, preprocess, PreprocessConfig};
 use ocrctl::server::openai::{image_source, parse_chat, ImageSource};
 
 /// Small enough that a fuzzed image decodes quickly.

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ocrctl::sampling::{Sampler, SamplingParams};
+use ocrctl::generation::sampling::{Sampler, SamplingParams};
 
 fn f32_at(data: &[u8], i: usize) -> f32 {
     let b: [u8; 4] = std::array::from_fn(|k| data.get(i * 4 + k).copied().unwrap_or(0));

@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::openai::ImageSource;
-use crate::preprocess::{self, PreprocessConfig, PreprocessError, Preprocessed};
+use crate::model::preprocess::{self, PreprocessConfig, PreprocessError, Preprocessed};
 use image::RgbImage;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -97,7 +97,7 @@ impl DecodeBudget {
 /// decoding), or per page for a PDF of at most `max_pages` pages; 0 when the format is
 /// unknown (decoding then fails at once).
 pub fn decode_cost(bytes: &[u8], max_pages: usize) -> u64 {
-    if crate::pdf::is_pdf(bytes) {
+    if crate::documents::pdf::is_pdf(bytes) {
         return PDF_PAGE_BYTES * max_pages as u64;
     }
     image::ImageReader::new(std::io::Cursor::new(bytes))
@@ -133,8 +133,8 @@ pub fn document_pages(
     max_pixels: u64,
     max_pages: usize,
 ) -> Result<Vec<RgbImage>, ApiError> {
-    if crate::pdf::is_pdf(bytes) {
-        use crate::pdf::PdfError;
+    if crate::documents::pdf::is_pdf(bytes) {
+        use crate::documents::pdf::PdfError;
         let pdf_error = |e: PdfError| match e {
             // The server's set-up is at fault, not the upload.
             PdfError::LibraryNotFound { .. }
@@ -142,7 +142,7 @@ pub fn document_pages(
             | PdfError::LibraryLoad { .. } => ApiError::Unavailable(e.to_string()),
             _ => ApiError::bad("file", e.to_string()),
         };
-        let doc = crate::pdf::PdfDocument::open(bytes, name, None).map_err(pdf_error)?;
+        let doc = crate::documents::pdf::PdfDocument::open(bytes, name, None).map_err(pdf_error)?;
         // Counted before anything is rendered.
         if doc.page_count() > max_pages {
             return Err(ApiError::bad(

@@ -6,7 +6,7 @@
 //! `top_k` and `repetition_penalty` are accepted at the top level.
 
 use super::error::ApiError;
-use crate::generate::TokenLogprob;
+use crate::generation::generate::TokenLogprob;
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
 

@@ -11,10 +11,10 @@ use super::metrics::Metrics;
 pub use super::queue::{ModelState, Shared};
 use super::queue::EngineSlot;
 use super::stops::StopMatcher;
-use crate::backend::Backend;
-use crate::engine::{Batch, Engine, Event, Flow, GenRequest};
-use crate::generate::FinishReason;
-use crate::prompt::{Prompter, StreamDecoder};
+use crate::runtime::backend::Backend;
+use crate::generation::engine::{Batch, Engine, Event, Flow, GenRequest};
+use crate::generation::generate::FinishReason;
+use crate::model::prompt::{Prompter, StreamDecoder};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -296,7 +296,7 @@ pub fn supervise(shared: &Shared, me: usize, f: impl FnOnce(), on_death: impl Fn
         Ok(()) => "the engine loop returned".to_string(),
         Err(p) => format!(
             "the engine thread panicked: {}",
-            crate::engine::panic_message(p.as_ref())
+            crate::generation::engine::panic_message(p.as_ref())
         ),
     };
     shared.set_failed(me, why.clone());
@@ -306,7 +306,7 @@ pub fn supervise(shared: &Shared, me: usize, f: impl FnOnce(), on_death: impl Fn
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::BackendError;
+    use crate::runtime::backend::BackendError;
     use ndarray::{Array2, Array4};
     use tokio::sync::mpsc::error::TryRecvError;
 

@@ -3,8 +3,8 @@
 
 use super::fixture;
 use ndarray::{Array2, Array4};
-use ocrctl::generate::TokenLogprob;
-use ocrctl::preprocess;
+use ocrctl::generation::generate::TokenLogprob;
+use ocrctl::model::preprocess;
 use ocrctl_exporters::checkpoint::{Checkpoint, Weights};
 use serde_json::Value;
 

@@ -1,0 +1,374 @@
+//! `ocrctl bench`: phase timings of an exported model on synthetic pages.
+//!
+//! For each page size: vision encoder ms, prefill ms (embeddings + image merge + decoder over
+//! the prompt), time to first token, and decode tokens/s over a fixed number of new tokens
+//! (end-of-sequence ignored: random weights never stop on their own). Medians over `--runs`
+//! repetitions after one warm-up, plus the process's peak resident memory, and with a GPU
+//! provider the process's peak GPU memory from `nvidia-smi` (polled at phase ends, outside the
+//! timed spans; absent when nvidia-smi is not there) and where the decoder kept its KV cache.
+//!
+//! ```text
+//! ocrctl export --checkpoint dummy:lightonocr-2-1b --out out/dummy --precision fp32,int4
+//! ocrctl bench --model out/dummy --precision int4 --sizes 768x544,1540x1092 --new-tokens 32
+//! ```
+
+use anyhow::Context;
+use clap::Args;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::generation::engine::{Engine, Event, GenRequest};
+use ocrctl::generation::generate::merge_image_features;
+use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
+use ocrctl::model::preprocess;
+use ocrctl::generation::sampling::SamplingParams;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use ocrctl::runtime::gpumem::{GpuMonitor, GpuPeak};
+
+/// `--kv-path`: how decoder runs move the KV cache.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum KvPathArg {
+    /// Kept in the execution provider's memory (IoBinding).
+    Bound,
+    /// Copied to the host and back every step (`Session::run`), for comparison.
+    Host,
+}
+
+/// Arguments of `ocrctl bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Exported model directory.
+    #[arg(long)]
+    model: PathBuf,
+    #[command(flatten)]
+    rt: crate::cli::common::RuntimeArgs,
+    /// Page sizes WIDTHxHEIGHT in pixels (an A4 page at 1540 px is 1092x1540).
+    #[arg(long, value_delimiter = ',', default_value = "1092x1540,544x768")]
+    sizes: Vec<String>,
+    /// New tokens decoded per run.
+    #[arg(long, default_value_t = 32)]
+    new_tokens: usize,
+    /// Timed runs per size (after one warm-up run).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Batch sizes for the throughput sweep (continuous batching, pages of the first size).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    batch_sizes: Vec<usize>,
+    /// Where the decoder keeps its KV cache between steps.
+    #[arg(long, value_enum, default_value = "bound")]
+    kv_path: KvPathArg,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+}
+
+fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
+    let (w, h) = s
+        .split_once('x')
+        .with_context(|| format!("--sizes: `{s}` is not WIDTHxHEIGHT"))?;
+    Ok((
+        w.trim()
+            .parse()
+            .with_context(|| format!("--sizes: width in `{s}`"))?,
+        h.trim()
+            .parse()
+            .with_context(|| format!("--sizes: height in `{s}`"))?,
+    ))
+}
+
+/// A deterministic page-like image: light background with dark horizontal strokes.
+pub fn synthetic_page(width: u32, height: u32) -> image::RgbImage {
+    image::RgbImage::from_fn(width, height, |x, y| {
+        let line = (y / 18) % 3 != 0
+            && (x / 7 + y / 18).wrapping_mul(2654435761u32) % 5 != 0
+            && (y % 18) < 10;
+        let v = if line {
+            30
+        } else {
+            235 + ((x * 31 + y * 17) % 16) as u8
+        };
+        image::Rgb([v, v, v])
+    })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// Peak resident set size of this process in MiB (Linux `VmHWM`).
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Runs the benchmark and prints the table (or JSON).
+pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let (mut opts, _profile) = a.rt.load_options(&a.model)?;
+    opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
+    let cfg = ocrctl_exporters::export::Manifest::load(&a.model)
+        .with_context(|| format!("--model {}", a.model.display()))?
+        .model;
+    let (prompter, pre) = crate::cli::common::page_inputs(&a.model, &cfg)?;
+    if opts.max_sequence_length == 0 {
+        // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
+        let mut longest = 0;
+        for s in &a.sizes {
+            let (w, h) = parse_size(s)?;
+            let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
+            longest = longest.max(prompter.encode(&[p.num_image_tokens], None)?.len());
+        }
+        opts.max_sequence_length = longest + a.new_tokens + 1;
+    }
+    let precision = opts.precision;
+    let t0 = Instant::now();
+    let mut model = OrtModel::load(&a.model, &opts)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    model.set_kv_path(match a.kv_path {
+        KvPathArg::Bound => KvPath::Bound,
+        KvPathArg::Host => KvPath::Host,
+    });
+    let mut gpu = GpuMonitor::new(
+        model.decoder_provider().is_gpu(),
+        opts.providers.device_id.max(0) as usize,
+    );
+    gpu.poll();
+    let mut engine = Engine {
+        backend: model,
+        max_batch: 1,
+        image_token_id: cfg.image_token_id,
+    };
+    let model = &mut engine.backend;
+    let mut rows = Vec::new();
+    for s in &a.sizes {
+        let (w, h) = parse_size(s)?;
+        let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
+        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let (mut vis, mut pf, mut dec) = (Vec::new(), Vec::new(), Vec::new());
+        let mut row_gpu = GpuPeak::default();
+        for run in 0..=a.runs {
+            let t = Instant::now();
+            let feats = model.encode_image(&p.pixel_values)?;
+            let v_ms = t.elapsed().as_secs_f64() * 1e3;
+            row_gpu.merge(&gpu.poll());
+            let t = Instant::now();
+            let mut e = model.embed(&ids)?;
+            merge_image_features(&mut e, &ids, cfg.image_token_id, &feats)?;
+            let (mut logits, mut cache) = model.forward(e, None)?;
+            let p_ms = t.elapsed().as_secs_f64() * 1e3;
+            row_gpu.merge(&gpu.poll());
+            let t = Instant::now();
+            for _ in 0..a.new_tokens {
+                let next = ocrctl::generation::generate::argmax_and_top_k(&logits, 0).0;
+                let e = model.embed(&[next])?;
+                (logits, cache) = model.forward(e, Some(cache))?;
+            }
+            let d_s = t.elapsed().as_secs_f64();
+            row_gpu.merge(&gpu.poll());
+            drop(cache);
+            if run > 0 {
+                vis.push(v_ms);
+                pf.push(p_ms);
+                dec.push(a.new_tokens as f64 / d_s);
+            }
+        }
+        let (v, pr) = (median(&mut vis), median(&mut pf));
+        rows.push(json!({
+            "size": format!("{}x{}", p.width, p.height),
+            "image_tokens": p.num_image_tokens,
+            "prompt_tokens": ids.len(),
+            "vision_ms": v,
+            "prefill_ms": pr,
+            "ttft_ms": v + pr,
+            "decode_tokens_per_s": median(&mut dec),
+            "runs": a.runs,
+            "gpu_process_mib": row_gpu.process_mib,
+        }));
+    }
+    // Throughput: B identical pages through the engine at once, fixed new tokens each.
+    let mut sweep = Vec::new();
+    if let Some(first) = a.sizes.first() {
+        let (w, h) = parse_size(first)?;
+        let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
+        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        for &b in &a.batch_sizes {
+            engine.max_batch = b.max(1);
+            let req = GenRequest {
+                prompt_ids: ids.clone(),
+                images: vec![p.pixel_values.clone()],
+                params: SamplingParams::greedy(),
+                max_new_tokens: a.new_tokens,
+                stop_ids: vec![],
+                ignore_eos: true,
+                logprobs: false,
+                top_logprobs: 0,
+            };
+            let before = engine.backend.kv_stats().clone();
+            let t = Instant::now();
+            let mut decode_start: Option<Instant> = None;
+            let mut decode_tokens = 0usize;
+            let mut seen_first = 0usize;
+            let results = engine.run(std::iter::repeat_n(req, b.max(1)), &mut |ev| {
+                if let Event::Token { .. } = ev {
+                    seen_first += 1;
+                    if seen_first == b.max(1) {
+                        decode_start = Some(Instant::now());
+                    } else if decode_start.is_some() {
+                        decode_tokens += 1;
+                    }
+                }
+            });
+            let total = t.elapsed().as_secs_f64();
+            if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
+                anyhow::bail!("batch {b}: {e}");
+            }
+            let dec_s = decode_start.map_or(f64::NAN, |d| d.elapsed().as_secs_f64());
+            let g = gpu.poll();
+            let after = engine.backend.kv_stats();
+            let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 * 1e-9;
+            sweep.push(json!({
+                // Where decode steps spent their time: embedding the tokens, the decoder run
+                // (logits to the host included), copying the logits out (GQA decoder only);
+                // the rest of `seconds` is prefills and the engine's own work (sampling).
+                "step_embed_s": secs(after.step_embed_ns, before.step_embed_ns),
+                "step_decoder_run_s": secs(after.step_run_ns, before.step_run_ns),
+                "step_logits_s": secs(after.step_logits_ns, before.step_logits_ns),
+                "batch": b,
+                "size": format!("{}x{}", p.width, p.height),
+                "seconds": total,
+                "pages_per_s": b as f64 / total,
+                "tokens_per_s": (b * a.new_tokens) as f64 / total,
+                "decode_tokens_per_s": decode_tokens as f64 / dec_s,
+                "gpu_process_mib": g.process_mib,
+            }));
+        }
+    }
+    let out = json!({
+        "model": a.model.display().to_string(),
+        "precision": precision.name(),
+        "new_tokens": a.new_tokens,
+        "threads": opts.threads,
+        "load_s": load_s,
+        "peak_rss_mib": peak_rss_mib(),
+        "provider": engine.backend.decoder_provider().name(),
+        "decoder": engine.backend.decoder_variant().part(),
+        "kv_cache": engine.backend.kv_capacity().map(|(s, p)| json!({"sequences": s, "positions": p})),
+        "gpu_memory": gpu.total.json(),
+        "kv": kv_json(&engine.backend),
+        "results": rows,
+        "batch_sweep": sweep,
+    });
+    if let Some(p) = &a.json_out {
+        std::fs::write(p, format!("{out:#}\n"))
+            .with_context(|| format!("--json-out {}", p.display()))?;
+    }
+    if a.json {
+        println!("{out}");
+    } else {
+        print_table(&out);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The decoder's KV path and counters (see [`ocrctl::runtime::ortmodel::KvStats`]).
+fn kv_json(model: &OrtModel) -> serde_json::Value {
+    let s = model.kv_stats();
+    json!({
+        "path": model.kv_path().name(),
+        "location": s.kv_location,
+        "bound_runs": s.bound_runs,
+        "host_runs": s.host_runs,
+        "repacks": s.repacks,
+        "fallback": s.fallback,
+        "step_embed_s": s.step_embed_ns as f64 * 1e-9,
+        "step_decoder_run_s": s.step_run_ns as f64 * 1e-9,
+        "step_logits_s": s.step_logits_ns as f64 * 1e-9,
+    })
+}
+
+/// `1234` for a number, `-` for null.
+fn mib(v: &serde_json::Value) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.0}"))
+}
+
+/// The human-readable report of `ocrctl bench`'s JSON.
+fn print_table(out: &serde_json::Value) {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "model {} ({}, {}, {}), load {:.1}s, peak RSS {:.0} MiB",
+        out["model"].as_str().unwrap_or(""),
+        out["precision"].as_str().unwrap_or(""),
+        out["provider"].as_str().unwrap_or(""),
+        out["decoder"].as_str().unwrap_or(""),
+        f(&out["load_s"]),
+        f(&out["peak_rss_mib"]),
+    );
+    let g = &out["gpu_memory"];
+    if !g.is_null() {
+        println!(
+            "GPU memory: this process peak {} MiB, device used peak {} of {} MiB",
+            mib(&g["process_peak_mib"]),
+            mib(&g["used_peak_mib"]),
+            mib(&g["total_mib"]),
+        );
+    }
+    let kv = &out["kv"];
+    println!(
+        "KV cache: {} path, in {} memory ({} bound / {} host decoder runs, {} repacks){}",
+        kv["path"].as_str().unwrap_or(""),
+        kv["location"].as_str().unwrap_or("-"),
+        kv["bound_runs"],
+        kv["host_runs"],
+        kv["repacks"],
+        kv["fallback"]
+            .as_str()
+            .map_or(String::new(), |e| format!("; fell back to host: {e}")),
+    );
+    println!(
+        "{:>10} {:>7} {:>11} {:>11} {:>10} {:>12} {:>8}",
+        "size", "tokens", "vision ms", "prefill ms", "TTFT ms", "decode tok/s", "GPU MiB"
+    );
+    for r in out["results"].as_array().into_iter().flatten() {
+        println!(
+            "{:>10} {:>7} {:>11.1} {:>11.1} {:>10.1} {:>12.2} {:>8}",
+            r["size"].as_str().unwrap_or(""),
+            r["image_tokens"].to_string(),
+            f(&r["vision_ms"]),
+            f(&r["prefill_ms"]),
+            f(&r["ttft_ms"]),
+            f(&r["decode_tokens_per_s"]),
+            mib(&r["gpu_process_mib"]),
+        );
+    }
+    println!(
+        "{:>6} {:>10} {:>9} {:>9} {:>10} {:>16} {:>8}",
+        "batch", "size", "seconds", "pages/s", "tokens/s", "decode tokens/s", "GPU MiB"
+    );
+    for r in out["batch_sweep"].as_array().into_iter().flatten() {
+        println!(
+            "{:>6} {:>10} {:>9.2} {:>9.3} {:>10.2} {:>16.2} {:>8}",
+            r["batch"].to_string(),
+            r["size"].as_str().unwrap_or(""),
+            f(&r["seconds"]),
+            f(&r["pages_per_s"]),
+            f(&r["tokens_per_s"]),
+            f(&r["decode_tokens_per_s"]),
+            mib(&r["gpu_process_mib"]),
+        );
+    }
+}

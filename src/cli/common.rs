@@ -1,0 +1,222 @@
+//! Command-line options shared by the commands that run a model (`ocr`, `bench`).
+//!
+//! `--profile NAME|PATH` (see `ocrctl profiles list`) sets the precision, providers and their
+//! options (CUDA arena, TensorRT workspace, caches and min/opt/max shapes), CPU threads,
+//! batch size and token limits; explicit flags override it.
+
+use anyhow::Context;
+use clap::Args;
+use ocrctl::runtime::ortmodel::LoadOptions;
+use ocrctl::model::preprocess::PreprocessConfig;
+use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
+use ocrctl::model::prompt::Prompter;
+use ocrctl::runtime::providers::{CudaConfig, Provider, ProviderConfig, TrtConfig};
+use ocrctl_exporters::config::ModelConfig;
+use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
+use std::path::{Path, PathBuf};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// How to run an exported model.
+#[derive(Args, Debug, Clone)]
+pub struct RuntimeArgs {
+    /// Hardware profile (`16gb`, `24gb`, `80gb`, `cpu`, or a YAML file).
+    #[arg(long, env = "OCRCTL_PROFILE")]
+    pub profile: Option<String>,
+    /// Which exported graphs to run: fp32, fp16, int4 or int4-fp16 (default: the
+    /// profile's, else fp32).
+    #[arg(long, env = "OCRCTL_PRECISION")]
+    pub precision: Option<String>,
+    /// Execution providers in order of preference: tensorrt, cuda, cpu (default: the
+    /// profile's, else cpu).
+    #[arg(long, env = "OCRCTL_PROVIDERS", value_delimiter = ',', value_parser = parse_provider)]
+    pub providers: Option<Vec<Provider>>,
+    /// Fail instead of falling back when a listed provider is unavailable.
+    #[arg(long, env = "OCRCTL_STRICT_PROVIDERS")]
+    pub strict_providers: bool,
+    /// ONNX Runtime intra-op threads (0 = all cores; default: the profile's).
+    #[arg(long, env = "OCRCTL_THREADS")]
+    pub threads: Option<usize>,
+    /// Path of libonnxruntime.so (default: found automatically, see the README).
+    #[arg(long, env = "OCRCTL_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
+    /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs on the CPU: 0 computes in
+    /// float, 4 (ONNX Runtime's default) quantizes activations to int8.
+    #[arg(long, env = "OCRCTL_ACCURACY_LEVEL", default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
+    pub accuracy_level: u8,
+    /// Decoder graph to run: `gqa` (KV cache updated in place; the default when the export
+    /// has it) or `merged`.
+    #[arg(long, env = "OCRCTL_DECODER", value_parser = parse_decoder)]
+    pub decoder: Option<DecoderVariant>,
+    /// Skip checking the export's files against the sha256 digests in its ocrctl.json.
+    #[arg(long, env = "OCRCTL_NO_VERIFY")]
+    pub no_verify: bool,
+}
+
+/// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
+/// given, the exported precision closest to it (same activation type first: int4 → fp32,
+/// int4-fp16 → fp16; then 16-bit before 32-bit on a GPU profile), with one line saying so. A
+/// quick-start export (fp32, fp16) thus runs under every profile.
+fn profile_precision(p: &Profile, model: &Path) -> Precision {
+    let Ok(m) = Manifest::load(model) else {
+        return p.precision; // the load reports what is wrong with the folder
+    };
+    if m.precisions.contains(&p.precision) || m.precisions.is_empty() {
+        return p.precision;
+    }
+    let gpu = p.providers.iter().any(|x| *x != Provider::Cpu);
+    let order: &[Precision] = match (p.precision, gpu) {
+        (Precision::Int4, _) => &[Precision::Fp32, Precision::Int4Fp16, Precision::Fp16],
+        (Precision::Int4Fp16, _) => &[Precision::Fp16, Precision::Int4, Precision::Fp32],
+        (_, true) => &[
+            Precision::Fp16,
+            Precision::Int4Fp16,
+            Precision::Fp32,
+            Precision::Int4,
+        ],
+        (_, false) => &[
+            Precision::Fp32,
+            Precision::Int4,
+            Precision::Fp16,
+            Precision::Int4Fp16,
+        ],
+    };
+    let chosen = order
+        .iter()
+        .copied()
+        .find(|x| m.precisions.contains(x))
+        .unwrap_or(m.precisions[0]);
+    eprintln!(
+        "ocrctl: profile {} wants {}, which {} was not exported with (it has {}); using {} \
+         (--precision chooses; export --precision {} for the profile's own)",
+        p.name,
+        p.precision.name(),
+        model.display(),
+        m.precisions
+            .iter()
+            .map(|x| x.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        chosen.name(),
+        p.precision.name()
+    );
+    chosen
+}
+
+fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
+    DecoderVariant::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_provider(s: &str) -> Result<Provider, String> {
+    match s.trim() {
+        "tensorrt" | "trt" => Ok(Provider::TensorRt),
+        "cuda" => Ok(Provider::Cuda),
+        "cpu" => Ok(Provider::Cpu),
+        other => Err(format!(
+            "unknown provider `{other}` (expected tensorrt, cuda or cpu)"
+        )),
+    }
+}
+
+impl RuntimeArgs {
+    /// The profile, if `--profile` was given.
+    pub fn profile(&self) -> anyhow::Result<Option<Profile>> {
+        self.profile
+            .as_deref()
+            .map(|p| Profile::load(p).with_context(|| format!("--profile {p}")))
+            .transpose()
+    }
+
+    /// The load options these flags (and the profile) describe for the export in `model`.
+    pub fn load_options(&self, model: &Path) -> anyhow::Result<(LoadOptions, Option<Profile>)> {
+        let profile = self.profile()?;
+        let precision = match (&self.precision, &profile) {
+            (Some(p), _) => Precision::parse(p).context("--precision")?,
+            (None, Some(pr)) => profile_precision(pr, model),
+            (None, None) => Precision::Fp32,
+        };
+        let mut lo = LoadOptions::new(precision);
+        lo.ort_lib = self.ort_lib.clone();
+        lo.accuracy_level = self.accuracy_level;
+        lo.verify = !self.no_verify;
+        lo.decoder = self.decoder;
+        if let Some(p) = &profile {
+            lo.kv_slots = p.max_batch_size.max(1) as usize;
+            lo.max_sequence_length = p.max_sequence_length as usize;
+        }
+        lo.threads = self
+            .threads
+            .or(profile
+                .as_ref()
+                .and_then(|p| p.cpu.as_ref())
+                .map(|c| c.threads as usize))
+            .unwrap_or(0);
+        let mut pc = ProviderConfig {
+            order: self
+                .providers
+                .clone()
+                .or(profile.as_ref().map(|p| p.providers.clone()))
+                .unwrap_or(vec![Provider::Cpu]),
+            strict: self.strict_providers,
+            ..ProviderConfig::default()
+        };
+        if let Some(p) = &profile {
+            if let Some(c) = &p.cuda {
+                pc.cuda = CudaConfig {
+                    memory_limit: (c.memory_limit_gb > 0.0)
+                        .then_some((c.memory_limit_gb * GIB) as usize),
+                    same_as_requested: c.arena_extend_strategy
+                        == ArenaExtendStrategy::SameAsRequested,
+                    cuda_graphs: c.cuda_graphs,
+                };
+            }
+            if let Some(t) = &p.tensorrt {
+                let mut trt = TrtConfig {
+                    workspace: Some((t.workspace_gb * GIB) as usize),
+                    engine_cache: Some(t.engine_cache_path(model)),
+                    timing_cache: Some(t.timing_cache_path(model)),
+                    builder_optimization_level: Some(t.builder_optimization_level),
+                    fp16: t.fp16,
+                    shapes: Default::default(),
+                };
+                if let Ok(m) = Manifest::load(model) {
+                    let s = trt_shapes(p, &ModelDims::from_config(&m.model));
+                    for (part, r) in [
+                        ("vision_encoder", s.vision_encoder),
+                        ("embed_tokens", s.embed_tokens),
+                        ("decoder_model_merged", s.decoder),
+                    ] {
+                        trt.shapes.insert(
+                            format!("{part}{}", precision.suffix()),
+                            (r.min, r.opt, r.max),
+                        );
+                    }
+                }
+                pc.trt = trt;
+            }
+        }
+        lo.providers = pc;
+        Ok((lo, profile))
+    }
+}
+
+/// An error and its causes on one line, each cause once: errors that already print their
+/// cause (`path: No such file or directory`) are not followed by it a second time.
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
+}
+
+/// The prompt builder and image preprocessing of the exported model in `dir` (whose
+/// normalised config is `cfg`): what every command that reads pages needs.
+pub fn page_inputs(dir: &Path, cfg: &ModelConfig) -> anyhow::Result<(Prompter, PreprocessConfig)> {
+    let prompter = Prompter::from_model_dir(dir, cfg.image_token_id)?;
+    Ok((prompter, PreprocessConfig::for_model(dir, cfg)?))
+}

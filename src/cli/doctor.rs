@@ -1,0 +1,158 @@
+//! `ocrctl doctor`: what this machine offers ocrctl.
+//!
+//! Reports the ONNX Runtime library found (path, version), which execution providers it was
+//! built with and which really start (a one-node model is loaded with each), the pdfium
+//! library for PDF input (optional: its absence does not fail the check), the GPU(s) from
+//! `nvidia-smi`, the host memory, and which built-in profiles' memory targets fit.
+
+use clap::Args;
+use ocrctl::runtime::ortlib;
+use ocrctl::runtime::providers::{compiled_in, dispatch, Provider, ProviderConfig};
+use ocrctl_exporters::graph::{DType, Dim, Graph};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `ocrctl doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Path of libonnxruntime.so (default: found automatically).
+    #[arg(long, env = "OCRCTL_ORT_LIB")]
+    ort_lib: Option<PathBuf>,
+}
+
+/// One GPU as `nvidia-smi` reports it: name and total memory in MiB.
+fn gpus() -> Vec<(String, u64)> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=name,memory.total",
+            "--format=csv,noheader,nounits",
+        ])
+        .output();
+    let Ok(out) = out else { return Vec::new() };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (n, m) = l.rsplit_once(',')?;
+            Some((n.trim().to_string(), m.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Tries to start `p` on a one-node model; `Ok` when the session loads with it.
+fn starts(env: &ort::environment::Environment, p: Provider) -> Result<(), String> {
+    let d = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut g = Graph::create(d.path(), "probe").map_err(|e| e.to_string())?;
+    let x = g.input("x", DType::F32, &[Dim::Fixed(4)]);
+    let y = g.op("Neg", &[&x], &[]);
+    g.output(&y, "y", DType::F32, &[Dim::Fixed(4)]);
+    g.finish(&[("", 21)], &[]).map_err(|e| e.to_string())?;
+    let cfg = ProviderConfig::default();
+    let eps: Vec<_> = dispatch(p, &cfg, "probe").into_iter().collect();
+    let build = || -> ort::Result<ort::session::Session> {
+        ort::session::Session::builder(env)?
+            .with_log_level(ort::logging::LogLevel::Fatal)?
+            .with_execution_providers(&eps)?
+            .commit_from_file(d.path().join("probe.onnx"))
+    };
+    build().map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Prints the report; fails when no ONNX Runtime library can be loaded.
+pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let mut ok = true;
+    let env = match ortlib::environment(a.ort_lib.as_deref()) {
+        Ok((path, env)) => {
+            let v = ortlib::version_of(path)
+                .map(|(a, b, c)| format!("{a}.{b}.{c}"))
+                .unwrap_or("unknown".into());
+            println!("ONNX Runtime   {} (version {v})", path.display());
+            Some(env)
+        }
+        Err(e) => {
+            println!("ONNX Runtime   NOT AVAILABLE: {e}");
+            ok = false;
+            None
+        }
+    };
+    if let Some(env) = &env {
+        for p in [Provider::TensorRt, Provider::Cuda, Provider::Cpu] {
+            let status = if !compiled_in(p) {
+                "not in this build".to_string()
+            } else if p == Provider::Cpu {
+                "available".to_string()
+            } else {
+                match starts(env, p) {
+                    Ok(()) => "starts".to_string(),
+                    Err(e) => {
+                        let first = e.lines().next().unwrap_or("");
+                        match ocrctl::runtime::cudalibs::hint(&e) {
+                            Some(h) => format!("in this build, but does not start: {h} ({first})"),
+                            None => format!("in this build, but does not start: {first}"),
+                        }
+                    }
+                }
+            };
+            println!("provider       {:<9} {status}", p.name());
+        }
+        if compiled_in(Provider::Cuda) {
+            if let Some(lib) = ortlib::loaded_library() {
+                println!(
+                    "CUDA libraries {}",
+                    ocrctl::runtime::cudalibs::preload(lib).summary()
+                );
+            }
+            match ocrctl::runtime::cudalibs::driver() {
+                Ok(()) => println!("NVIDIA driver  libcuda.so.1 found"),
+                Err(e) => println!("NVIDIA driver  not found ({e})"),
+            }
+        }
+    }
+    match ocrctl::documents::pdf::find_library(None, "PDF input") {
+        Ok(path) => println!(
+            "pdfium         {} (version {})",
+            path.display(),
+            ocrctl::documents::pdf::library_version(&path).unwrap_or("unknown".into())
+        ),
+        Err(e) => println!("pdfium         NOT AVAILABLE (needed for PDFs only): {e}"),
+    }
+    let gpus = gpus();
+    if gpus.is_empty() {
+        println!("GPU            none found (nvidia-smi missing or no NVIDIA GPU)");
+    }
+    for (name, mib) in &gpus {
+        println!("GPU            {name}, {:.1} GiB", *mib as f64 / 1024.0);
+    }
+    let host = ocrctl::profile::host_memory_bytes();
+    if let Some(h) = host {
+        println!(
+            "host memory    {:.1} GiB, {} cores",
+            h as f64 / (1u64 << 30) as f64,
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+    }
+    let gpu_gib = gpus.iter().map(|g| g.1 as f64 / 1024.0).fold(0.0, f64::max);
+    for l in ocrctl::profile::available() {
+        let Ok(p) = l.profile else { continue };
+        let fits = if p.uses_gpu() {
+            if gpus.is_empty() {
+                "needs an NVIDIA GPU (none found)"
+            } else if p.gpu_memory_gb <= gpu_gib + 0.5 {
+                "fits this GPU"
+            } else {
+                "needs a larger GPU"
+            }
+        } else {
+            "runs on the CPU"
+        };
+        println!(
+            "profile        {:<6} {:>5} GiB  {fits}",
+            p.name, p.gpu_memory_gb
+        );
+    }
+    println!("(exact budgets: ocrctl profiles check NAME --model DIR)");
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

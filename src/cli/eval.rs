@@ -1,0 +1,164 @@
+//! `ocrctl eval`: how far a candidate export (e.g. int4) agrees with a reference (fp32).
+//!
+//! ```text
+//! ocrctl eval --reference out/m --candidate out/m --candidate-precision int4 page1.png page2.png
+//! ```
+
+use anyhow::Context;
+use clap::Args;
+use ocrctl::quality::eval::{compare, ImageEval};
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::model::preprocess;
+use ocrctl_exporters::export::Precision;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `ocrctl eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Reference export directory.
+    #[arg(long)]
+    reference: PathBuf,
+    /// Precision of the reference graphs.
+    #[arg(long, default_value = "fp32")]
+    reference_precision: String,
+    /// Candidate export directory (may be the same directory as the reference).
+    #[arg(long)]
+    candidate: PathBuf,
+    /// Precision of the candidate graphs.
+    #[arg(long, default_value = "int4")]
+    candidate_precision: String,
+    /// Teacher-forced decoding steps per image.
+    #[arg(long, default_value_t = 64)]
+    steps: usize,
+    /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs (0 or 4).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
+    accuracy_level: u8,
+    /// ONNX Runtime intra-op threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Path of libonnxruntime.so (default: found automatically).
+    #[arg(long, env = "OCRCTL_ORT_LIB")]
+    ort_lib: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Images to compare on.
+    #[arg(required = true)]
+    images: Vec<PathBuf>,
+}
+
+fn load(
+    dir: &std::path::Path,
+    precision: &str,
+    a: &EvalArgs,
+    flag: &str,
+) -> anyhow::Result<OrtModel> {
+    let precision = Precision::parse(precision).with_context(|| flag.to_string())?;
+    let opts = LoadOptions {
+        precision,
+        threads: a.threads,
+        ort_lib: a.ort_lib.clone(),
+        accuracy_level: a.accuracy_level,
+        providers: Default::default(),
+        ..LoadOptions::new(precision)
+    };
+    Ok(OrtModel::load(dir, &opts)?)
+}
+
+/// Runs the comparison and prints per-image rows and the mean.
+pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
+    let mut reference = load(
+        &a.reference,
+        &a.reference_precision,
+        &a,
+        "--reference-precision",
+    )?;
+    let mut candidate = load(
+        &a.candidate,
+        &a.candidate_precision,
+        &a,
+        "--candidate-precision",
+    )?;
+    let cfg = reference.manifest.model.clone();
+    if candidate.manifest.model != cfg {
+        anyhow::bail!(
+            "--candidate: its model config differs from the reference's (different checkpoints?)"
+        );
+    }
+    let (prompter, pre) = crate::cli::common::page_inputs(&a.reference, &cfg)?;
+    let mut rows: Vec<(String, ImageEval)> = Vec::new();
+    for path in &a.images {
+        let img = preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS)?;
+        let p = preprocess::preprocess(&img, &pre);
+        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let r = compare(
+            &mut reference,
+            &mut candidate,
+            &p.pixel_values,
+            &ids,
+            cfg.image_token_id,
+            a.steps,
+        )
+        .with_context(|| path.display().to_string())?;
+        rows.push((path.display().to_string(), r));
+    }
+    let n = rows.len() as f64;
+    let mean = |f: &dyn Fn(&ImageEval) -> f64| rows.iter().map(|(_, r)| f(r)).sum::<f64>() / n;
+    let summary = json!({
+        "images": rows.len(),
+        "steps": a.steps,
+        "first_token_agreement": mean(&|r| r.first_token_agrees as u8 as f64),
+        "top1_agreement": mean(&|r| r.top1_agreement),
+        "mean_kl": mean(&|r| r.mean_kl),
+        "mean_greedy_agreement": mean(&|r| r.greedy_agreement as f64),
+        "mean_feature_cosine": mean(&|r| r.feature_cosine),
+        "min_feature_cosine": rows.iter().map(|(_, r)| r.feature_cosine).fold(f64::INFINITY, f64::min),
+    });
+    if a.json {
+        let per: Vec<_> = rows
+            .iter()
+            .map(|(f, r)| json!({"file": f, "result": r}))
+            .collect();
+        println!(
+            "{}",
+            json!({"reference": a.reference_precision, "candidate": a.candidate_precision, "summary": summary, "images": per})
+        );
+    } else {
+        // The image column is as wide as the longest path, so long names stay aligned.
+        let w = rows
+            .iter()
+            .map(|(f, _)| f.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(8);
+        println!(
+            "{:<w$} {:>6} {:>8} {:>10} {:>7} {:>9}",
+            "image", "first", "top1", "mean KL", "greedy", "cosine"
+        );
+        for (f, r) in &rows {
+            println!(
+                "{:<w$} {:>6} {:>7.1}% {:>10.5} {:>7} {:>9.6}",
+                f,
+                r.first_token_agrees,
+                100.0 * r.top1_agreement,
+                r.mean_kl,
+                r.greedy_agreement,
+                r.feature_cosine
+            );
+        }
+        let f = |k: &str| summary[k].as_f64().unwrap_or(0.0);
+        println!(
+            "{:<w$} {:>5.0}% {:>7.1}% {:>10.5} {:>7.1} {:>9.6}",
+            "mean",
+            100.0 * f("first_token_agreement"),
+            100.0 * f("top1_agreement"),
+            f("mean_kl"),
+            f("mean_greedy_agreement"),
+            f("mean_feature_cosine")
+        );
+        println!("{:<w$} {:>44.6}", "min", f("min_feature_cosine"));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,263 @@
+//! `ocrctl export`: the CLI face of [`ocrctl_exporters::export`], with progress bars.
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use ocrctl::quality::calibrate;
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
+use ocrctl_exporters::awq::ActivationStats;
+use ocrctl_exporters::export::{
+    export, DecoderVariant, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL,
+    DEFAULT_BLOCK_SIZE,
+};
+use ocrctl_exporters::layers::{Int4Format, Quant, Target};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Arguments of `ocrctl export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Checkpoint directory (config.json, model.safetensors or shards, tokenizer files), or
+    /// `dummy:lightonocr-2-1b` / `dummy:tiny` for random weights with those shapes.
+    #[arg(long)]
+    checkpoint: String,
+    /// Output directory (must not exist unless --force).
+    #[arg(long)]
+    out: PathBuf,
+    /// Precisions to write, comma-separated: fp32, fp16, int4 (INT4 weights, fp32
+    /// activations), int4-fp16 (INT4 weights, fp16 activations).
+    #[arg(long, default_value = "fp32", value_delimiter = ',')]
+    precision: Vec<String>,
+    /// Runtime the graphs are for: `ort` (ONNX Runtime CPU/CUDA, fused contrib ops) or
+    /// `tensorrt` (standard ONNX ops only).
+    #[arg(long, default_value = "ort", value_parser = parse_target)]
+    target: Target,
+    /// Replace an existing output directory (only once the new export is complete).
+    #[arg(long)]
+    force: bool,
+    /// INT4 block size (rows of a weight column sharing one scale): a power of two >= 16
+    /// dividing every Linear's input width (default 32).
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// INT4 layout: `qdq` (DequantizeLinear + MatMul: TensorRT, CUDA and CPU; the default)
+    /// or `matmulnbits` (com.microsoft.MatMulNBits, ONNX Runtime only).
+    #[arg(long, value_parser = parse_format)]
+    int4_format: Option<Int4Format>,
+    /// Keep the lm_head in 16-bit for int4 precisions (larger files, see README).
+    #[arg(long)]
+    lm_head_16bit: bool,
+    /// `accuracy_level` written into MatMulNBits nodes (0: float compute; 4: int8
+    /// activations on CPU). QDQ graphs take it from `ocrctl ocr --accuracy-level`.
+    #[arg(long, default_value_t = DEFAULT_ACCURACY_LEVEL, value_parser = clap::value_parser!(u8).range(0..=4))]
+    accuracy_level: u8,
+    /// Activation-aware (AWQ-style) INT4 scales from the images in this folder (PNG, JPEG,
+    /// WebP, TIFF): the fp32 graphs run on them first. Without it: round-to-nearest.
+    #[arg(long)]
+    calibrate: Option<PathBuf>,
+    /// Decoder graphs to write, comma-separated: `merged` (KV cache concatenated each step;
+    /// any runtime, TensorRT too) and/or `gqa` (GroupQueryAttention over a fixed cache
+    /// updated in place; ONNX Runtime CPU/CUDA, the fast GPU path). The runner prefers gqa.
+    /// Default: both for `--target ort`, merged for `--target tensorrt`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_decoder)]
+    decoder: Vec<DecoderVariant>,
+    /// Path of libonnxruntime.so for --calibrate (default: found automatically).
+    #[arg(long, env = "OCRCTL_ORT_LIB")]
+    ort_lib: Option<PathBuf>,
+}
+
+/// Exports calibration graphs next to `--out`, runs them on the folder's images and returns
+/// the activation statistics. Nothing is left behind.
+fn calibrate(
+    opts: &ExportOptions,
+    dir: &std::path::Path,
+    ort_lib: Option<PathBuf>,
+) -> anyhow::Result<ActivationStats> {
+    if !opts.precisions.iter().any(|p| p.is_int4()) {
+        anyhow::bail!(
+            "--calibrate only applies to int4 precisions (--precision int4 or int4-fp16)"
+        );
+    }
+    let images = calibrate::image_files(dir)?;
+    if images.is_empty() {
+        anyhow::bail!(
+            "--calibrate {}: no image files (png, jpg, webp, tif) in this folder",
+            dir.display()
+        );
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix(".ocrctl-calib-")
+        .tempdir_in(
+            opts.out
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new(".")),
+        )?;
+    let calib_out = scratch.path().join("graphs");
+    let copts = ExportOptions {
+        out: calib_out.clone(),
+        precisions: vec![Precision::Fp32],
+        target: Target::Ort,
+        force: true,
+        awq: None,
+        calibration_graphs: true,
+        decoders: vec![DecoderVariant::Merged],
+        ..opts.clone()
+    };
+    eprintln!(
+        "calibrating on {} image(s) from {}",
+        images.len(),
+        dir.display()
+    );
+    export(&copts, &mut |_| {})?;
+    let mut lo = LoadOptions::new(Precision::Fp32);
+    lo.ort_lib = ort_lib;
+    let mut model = OrtModel::load(&calib_out, &lo)?;
+    let (stats, used) = calibrate::collect(&mut model, &calib_out, &images)?;
+    if used == 0 {
+        anyhow::bail!(
+            "--calibrate {}: none of the {} image file(s) could be read",
+            dir.display(),
+            images.len()
+        );
+    }
+    Ok(stats)
+}
+
+fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
+    DecoderVariant::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_format(s: &str) -> Result<Int4Format, String> {
+    match s {
+        "qdq" => Ok(Int4Format::Qdq),
+        "matmulnbits" => Ok(Int4Format::MatMulNBits),
+        other => Err(format!(
+            "unknown int4 format `{other}` (expected qdq or matmulnbits)"
+        )),
+    }
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    match s {
+        "ort" => Ok(Target::Ort),
+        "tensorrt" | "trt" => Ok(Target::TensorRt),
+        other => Err(format!(
+            "unknown target `{other}` (expected ort or tensorrt)"
+        )),
+    }
+}
+
+/// Runs the export and prints a summary of what was written.
+pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
+    let mut precisions = Vec::new();
+    for p in &a.precision {
+        let p = Precision::parse(p.trim()).context("--precision")?;
+        if !precisions.contains(&p) {
+            precisions.push(p);
+        }
+    }
+    // INT4 settings without an INT4 precision would be ignored: say so instead.
+    if !precisions.iter().any(|p| p.is_int4()) {
+        for (given, flag) in [
+            (a.block_size.is_some(), "--block-size"),
+            (a.int4_format.is_some(), "--int4-format"),
+            (a.lm_head_16bit, "--lm-head-16bit"),
+        ] {
+            if given {
+                anyhow::bail!(
+                    "{flag} applies to int4 precisions only; add int4 or int4-fp16 to --precision"
+                );
+            }
+        }
+    }
+    let opts = ExportOptions {
+        checkpoint: a.checkpoint,
+        out: a.out.clone(),
+        precisions,
+        target: a.target,
+        force: a.force,
+        int4: Quant {
+            block_size: a.block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
+            format: a.int4_format.unwrap_or(Int4Format::Qdq),
+            lm_head: !a.lm_head_16bit,
+            accuracy_level: a.accuracy_level,
+        },
+        awq: None,
+        calibration_graphs: false,
+        decoders: match (a.decoder.is_empty(), a.target) {
+            (false, _) => a.decoder.clone(),
+            (true, Target::Ort) => vec![DecoderVariant::Merged, DecoderVariant::Gqa],
+            (true, _) => vec![DecoderVariant::Merged],
+        },
+    };
+    let start = Instant::now();
+    let mut opts = opts;
+    if let Some(dir) = &a.calibrate {
+        opts.awq = Some(calibrate(&opts, dir, a.ort_lib.clone())?);
+    }
+    let style =
+        ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} layers {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> ");
+    let mut bar: Option<ProgressBar> = None;
+    let manifest = export(&opts, &mut |ev| match ev {
+        Progress::Begin { part, steps } => {
+            let b = ProgressBar::new(steps)
+                .with_style(style.clone())
+                .with_prefix(part);
+            bar = Some(b);
+        }
+        Progress::Step => {
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+        }
+        Progress::End => {
+            if let Some(b) = bar.take() {
+                b.finish();
+            }
+        }
+    })?;
+    let mut total = 0u64;
+    // Columns as wide as their longest entry, so long names keep the table aligned.
+    let pw = manifest
+        .graphs
+        .keys()
+        .map(|p| p.name().len())
+        .max()
+        .unwrap_or(0);
+    let fw = manifest
+        .graphs
+        .values()
+        .flat_map(|parts| parts.values().map(|i| i.file.len()))
+        .max()
+        .unwrap_or(0);
+    for (prec, parts) in &manifest.graphs {
+        for info in parts.values() {
+            let onnx = a.out.join("onnx").join(&info.file);
+            let size = std::fs::metadata(&onnx).map(|m| m.len()).unwrap_or(0) + info.data_bytes;
+            total += size;
+            println!(
+                "{:<pw$}  {:<fw$}  {:>10.1} MB",
+                prec.name(),
+                info.file,
+                size as f64 / 1e6
+            );
+        }
+    }
+    println!(
+        "exported {} ({}) to {} in {:.1}s, {:.1} MB",
+        manifest.source,
+        manifest
+            .precisions
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        a.out.display(),
+        start.elapsed().as_secs_f64(),
+        total as f64 / 1e6
+    );
+    Ok(ExitCode::SUCCESS)
+}

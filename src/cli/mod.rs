@@ -1,0 +1,15 @@
+//! The `ocrctl` commands, one module each (`export`, `ocr`, `eval`, `bench`, `profiles`,
+//! `serve`, `doctor`, `verify`), over the library; [`common`] holds the runtime flags they share
+//! (`--profile`, `--precision`, `--providers`, …) and error reporting, [`ocr_output`] the
+//! in-order writing of `ocrctl ocr`.
+
+pub mod bench;
+pub mod common;
+pub mod doctor;
+pub mod eval;
+pub mod export;
+pub mod ocr;
+pub mod ocr_output;
+pub mod profiles;
+pub mod serve;
+pub mod verify;

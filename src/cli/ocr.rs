@@ -1,0 +1,477 @@
+//! `ocrctl ocr`: OCR images and PDFs with an exported model.
+//!
+//! Inputs are files, folders and glob patterns ([`ocrctl::documents::inputs`]); an image is a document
+//! of one page, a PDF a document of N pages rendered by pdfium ([`ocrctl::documents::pdf`]). Documents
+//! are opened first (a PDF only to count its pages); pages are then rendered, preprocessed
+//! and submitted lazily as the continuous-batching [`Engine`] admits them (`--batch-size` at
+//! once), so memory does not grow with the input. Results are written in input order as they
+//! finish ([`crate::cli::ocr_output`]): plain text, `--json` (one object per page), or `--out DIR`
+//! (one markdown file per document; `--resume` skips documents whose file exists). A bad
+//! file or page is reported by name and the rest still run; the exit code is non-zero when
+//! anything failed. A progress bar on stderr (not with `--quiet` or when stderr is not a
+//! terminal) counts pages; a summary line closes every run. `--devices 0,1` (or `cpu,cpu`)
+//! runs one engine per device, each taking the next page when it has room.
+
+use crate::cli::ocr_output::{md_path, Mode, Output, PageResult};
+use anyhow::Context;
+use clap::Args;
+use ocrctl::generation::engine::{Engine, Event, GenRequest};
+use ocrctl::documents::inputs::{self, Document, PageLoader};
+use ocrctl::runtime::ortmodel::OrtModel;
+use ocrctl::model::preprocess;
+use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
+use serde_json::json;
+use ocrctl::runtime::devices::Device;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `ocrctl ocr`.
+#[derive(Args, Debug)]
+pub struct OcrArgs {
+    /// Exported model directory (from `ocrctl export`).
+    #[arg(long)]
+    model: PathBuf,
+    #[command(flatten)]
+    rt: crate::cli::common::RuntimeArgs,
+    /// Maximum number of new tokens per image (default: the profile's, else 1024).
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Requests decoded together, continuous batching (default: the profile's, else 1).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Sampling temperature; 0 is greedy (reproducible). LightOn suggests 0.2.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this cumulative probability.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    top_p: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Divide positive (multiply negative) logits of already generated tokens by this; 1 = off.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    repetition_penalty: f32,
+    /// Random seed for sampling (default: a fresh one per image).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop an image whose output repeats a block of up to 64 tokens many times in a row.
+    #[arg(long)]
+    loop_guard: bool,
+    /// Record the K most likely tokens with log-probabilities at every step (JSON output).
+    #[arg(long, default_value_t = 0)]
+    top_logprobs: usize,
+    /// Keep generating after an end-of-sequence token (for benchmarks and parity checks).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object per page (with `file` and 1-based `page`) instead of plain text.
+    #[arg(long, conflicts_with = "out")]
+    json: bool,
+    /// Write `<DIR>/<file stem>.md` per document (image or PDF) instead of printing the text.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Read only shard K of N (0-based) of the inputs, e.g. one pod of an Indexed Job:
+    /// decided by each file's name, so the N shards partition any listing of the same files.
+    #[arg(long, env = "OCRCTL_SHARD", value_name = "K/N")]
+    shard: Option<inputs::Shard>,
+    /// With --out: skip documents whose markdown file already exists.
+    #[arg(long, requires = "out")]
+    resume: bool,
+    /// Refuse images with more pixels than this (checked from the header, before decoding).
+    #[arg(long, default_value_t = preprocess::DEFAULT_MAX_PIXELS)]
+    max_pixels: u64,
+    /// The pdfium library for PDF input (default: `$OCRCTL_PDFIUM_LIB`, else the pypdfium2
+    /// wheel in .venv or python3's site-packages).
+    #[arg(long)]
+    pdfium_lib: Option<PathBuf>,
+    /// Devices to run one engine each on, comma-separated: GPU indices (`0,1`, with the
+    /// profile's GPU providers) or `cpu`; engines take the next page when they have room.
+    #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
+    devices: Vec<Device>,
+    /// Hide the progress bar (the closing summary line stays).
+    #[arg(long, short)]
+    quiet: bool,
+    /// Image files (PNG, JPEG, WebP, TIFF), PDFs, folders (read non-recursively) or quoted
+    /// glob patterns such as 'scans/*.pdf'.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+}
+
+/// Expands the inputs and opens every document, reporting (and counting) those that fail.
+/// With `--out --resume`, documents whose markdown file exists are skipped (and counted).
+fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
+    let (mut docs, mut failed, mut skipped, mut overwritten) = (Vec::new(), 0, 0, 0);
+    let mut md_owner: HashMap<PathBuf, PathBuf> = HashMap::new();
+    for item in inputs::expand(&a.inputs) {
+        let path = match item {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed += 1;
+                continue;
+            }
+        };
+        if a.shard.is_some_and(|s| !s.contains(&path)) {
+            continue;
+        }
+        if let Some(dir) = &a.out {
+            let md = md_path(dir, &path);
+            // A finished file holds at least a newline: an empty one (a crash before the
+            // data reached the disk) is not a finished document.
+            if std::fs::metadata(&md).is_ok_and(|m| m.len() > 0) {
+                if a.resume {
+                    skipped += 1;
+                    continue;
+                }
+                overwritten += 1;
+            }
+            if let Some(other) = md_owner.get(&md) {
+                eprintln!(
+                    "error: {}: its output {} is already that of {}; rename one of them",
+                    path.display(),
+                    md.display(),
+                    other.display()
+                );
+                failed += 1;
+                continue;
+            }
+            md_owner.insert(md, path.clone());
+        }
+        match Document::open(&path, a.pdfium_lib.as_deref()) {
+            Ok(d) => docs.push(d),
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed += 1;
+            }
+        }
+    }
+    if overwritten > 0 {
+        eprintln!(
+            "note: {overwritten} existing .md file(s) in {} will be replaced (--resume skips them)",
+            a.out.as_deref().unwrap_or(Path::new(".")).display()
+        );
+    }
+    (docs, failed, skipped)
+}
+
+/// `msg` as is when it names `name`'s file, else prefixed with `name`.
+fn named(name: &str, file: &Path, msg: String) -> String {
+    if msg.contains(&file.display().to_string()) {
+        msg
+    } else {
+        format!("{name}: {msg}")
+    }
+}
+
+/// Per-request facts kept for its output: unit (page number through the run), prompt length,
+/// preprocessed height and width, image tokens.
+struct Meta {
+    unit: usize,
+    prompt_tokens: usize,
+    size: [u32; 2],
+    image_tokens: usize,
+}
+
+/// The load options of one engine per device of `--devices` (none given: one engine with
+/// `opts` as they are), with the devices' labels.
+fn engine_options(
+    devices: &[Device],
+    opts: &ocrctl::runtime::ortmodel::LoadOptions,
+) -> anyhow::Result<Vec<(String, ocrctl::runtime::ortmodel::LoadOptions)>> {
+    if devices.is_empty() {
+        return Ok(vec![("the default device".into(), opts.clone())]);
+    }
+    ocrctl::runtime::devices::check(devices).map_err(anyhow::Error::msg)?;
+    let cpus = devices.iter().filter(|d| **d == Device::Cpu).count();
+    let labels = ocrctl::runtime::devices::labels(devices);
+    devices
+        .iter()
+        .zip(labels)
+        .map(|(d, l)| {
+            ocrctl::runtime::devices::options_for(opts, *d, cpus)
+                .map(|o| (l, o))
+                .map_err(anyhow::Error::msg)
+        })
+        .collect()
+}
+
+/// Runs OCR over all inputs; returns failure if any input, document or page failed.
+pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+        loop_guard: a.loop_guard.then(LoopGuard::default),
+    };
+    params
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
+    let (opts, profile) = a.rt.load_options(&a.model)?;
+    let batch_size = a
+        .batch_size
+        .or(profile.as_ref().map(|p| p.max_batch_size as usize))
+        .unwrap_or(1);
+    if batch_size == 0 {
+        anyhow::bail!("--batch-size must be at least 1");
+    }
+    if a.max_tokens == Some(0) {
+        anyhow::bail!("--max-tokens must be at least 1");
+    }
+    let max_tokens = a
+        .max_tokens
+        .or(profile.as_ref().map(|p| p.default_max_new_tokens as usize))
+        .unwrap_or(1024);
+    if let Some(p) = &profile {
+        if max_tokens > p.max_new_tokens_limit as usize {
+            anyhow::bail!(
+                "--max-tokens {max_tokens} exceeds the profile's max_new_tokens_limit ({})",
+                p.max_new_tokens_limit
+            );
+        }
+    }
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
+    }
+    let (docs, open_failed, skipped) = open_documents(&a);
+    let total_pages: usize = docs.iter().map(Document::pages).sum();
+    let mode = match (&a.out, a.json) {
+        (Some(dir), _) => Mode::Markdown(dir.clone()),
+        (None, true) => Mode::Json,
+        (None, false) => Mode::Text,
+    };
+    let out = Mutex::new(Output::new(&docs, mode, a.quiet));
+    if total_pages > 0 {
+        let mut opts = opts;
+        opts.kv_slots = batch_size;
+        let engines = engine_options(&a.devices, &opts)?;
+        run_pages(&a, &docs, &out, &params, batch_size, max_tokens, engines)?;
+    }
+    let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    let secs = out.close();
+    let failed = open_failed + out.failed_docs;
+    // Always, a single image too: what ran and how fast.
+    let skipped = if skipped > 0 {
+        format!(", {skipped} skipped (--resume)")
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "{} document(s), {total_pages} page(s), {failed} failed{skipped}, {} tokens in \
+         {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
+        docs.len() + open_failed,
+        out.tokens,
+        out.pages_ok as f64 / secs,
+        out.tokens as f64 / secs
+    );
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// What the engine threads of one run share: the pages still to read (taken in input order
+/// by whichever engine has room), the page loader, the model's prompt inputs and the output.
+struct Pages<'a, 'd, I> {
+    a: &'a OcrArgs,
+    docs: &'a [Document],
+    out: &'a Mutex<Output<'d>>,
+    units: Mutex<I>,
+    loader: Mutex<PageLoader>,
+    prompter: ocrctl::model::prompt::Prompter,
+    pre: preprocess::PreprocessConfig,
+    stops: Vec<u32>,
+    image_token_id: u32,
+    params: &'a SamplingParams,
+    max_tokens: usize,
+}
+
+/// Runs every page of `docs` through one engine per device of `engines` (load options of
+/// each), writing to `out`. An engine that fails to load is reported and the others read all
+/// pages; when none loads, the first error is returned.
+fn run_pages<'a, 'd>(
+    a: &'a OcrArgs,
+    docs: &'a [Document],
+    out: &'a Mutex<Output<'d>>,
+    params: &'a SamplingParams,
+    batch_size: usize,
+    max_tokens: usize,
+    engines: Vec<(String, ocrctl::runtime::ortmodel::LoadOptions)>,
+) -> anyhow::Result<()> {
+    let manifest = ocrctl_exporters::export::Manifest::load(&a.model)
+        .with_context(|| format!("--model {}", a.model.display()))?;
+    let cfg = manifest.model;
+    let (prompter, pre) = crate::cli::common::page_inputs(&a.model, &cfg)?;
+    let units = docs
+        .iter()
+        .enumerate()
+        .flat_map(|(d, doc)| (0..doc.pages()).map(move |p| (d, p)))
+        .enumerate();
+    let pages = Pages {
+        a,
+        docs,
+        out,
+        units: Mutex::new(units),
+        loader: Mutex::new(PageLoader::new(a.pdfium_lib.clone(), a.max_pixels)),
+        prompter,
+        pre,
+        stops: ocrctl::generation::generate::stop_ids(&a.model, &cfg.eos_token_ids),
+        image_token_id: cfg.image_token_id,
+        params,
+        max_tokens,
+    };
+    let n = engines.len();
+    let errors: Vec<anyhow::Error> = std::thread::scope(|s| {
+        let handles: Vec<_> = engines
+            .into_iter()
+            .map(|(label, opts)| {
+                let pages = &pages;
+                s.spawn(move || -> anyhow::Result<()> {
+                    let model = OrtModel::load(&a.model, &opts)
+                        .with_context(|| format!("loading the model on {label}"));
+                    let model = match model {
+                        Ok(m) => m,
+                        Err(e) if n > 1 => {
+                            let e = crate::cli::common::describe(&e);
+                            eprintln!("error: {e}; the other engines read the pages");
+                            return Err(anyhow::anyhow!(e));
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    pages.run_engine(model, batch_size);
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| match h.join() {
+                Ok(r) => r.err(),
+                Err(p) => Some(anyhow::anyhow!(
+                    "an engine thread panicked: {}",
+                    ocrctl::generation::engine::panic_message(p.as_ref())
+                )),
+            })
+            .collect()
+    });
+    match errors.into_iter().next() {
+        // No engine ran (one device that failed, or every one): nothing was read.
+        Some(e) if n == 1 || pages.units.lock().unwrap_or_else(|e| e.into_inner()).next().is_some() => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
+    /// The next page as a request: loaded and preprocessed when the engine admits it. A page
+    /// that fails is reported and skipped.
+    fn next_request(&self, meta: &mut Vec<Meta>) -> Option<GenRequest> {
+        loop {
+            let (unit, (d, page)) = self.units.lock().unwrap_or_else(|e| e.into_inner()).next()?;
+            let doc = &self.docs[d];
+            let r = (|| -> anyhow::Result<(GenRequest, Meta)> {
+                let img = {
+                    let mut loader = self.loader.lock().unwrap_or_else(|e| e.into_inner());
+                    let img = loader.load(doc, page)?;
+                    if page + 1 == doc.pages() {
+                        loader.close();
+                    }
+                    img
+                };
+                let p = preprocess::preprocess(&img, &self.pre);
+                drop(img);
+                let ids = self.prompter.encode(&[p.num_image_tokens], None)?;
+                let m = Meta {
+                    unit,
+                    prompt_tokens: ids.len(),
+                    size: [p.height, p.width],
+                    image_tokens: p.num_image_tokens,
+                };
+                let req = GenRequest {
+                    prompt_ids: ids,
+                    images: vec![p.pixel_values],
+                    params: self.params.clone(),
+                    max_new_tokens: self.max_tokens,
+                    stop_ids: self.stops.clone(),
+                    ignore_eos: self.a.ignore_eos,
+                    logprobs: false,
+                    top_logprobs: self.a.top_logprobs,
+                };
+                Ok((req, m))
+            })();
+            match r {
+                Ok((req, m)) => {
+                    meta.push(m);
+                    return Some(req);
+                }
+                Err(e) => {
+                    let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                    let msg = named(
+                        &o.page_name(d, page),
+                        &doc.path,
+                        crate::cli::common::describe(&e),
+                    );
+                    o.finish(unit, Err(msg));
+                }
+            }
+        }
+    }
+
+    /// One engine's loop: takes pages while it has room until none are left.
+    fn run_engine(&self, model: OrtModel, batch_size: usize) {
+        let (a, docs) = (self.a, self.docs);
+        // Indices of this engine's requests (its own count) → their pages.
+        let meta: RefCell<Vec<Meta>> = RefCell::new(Vec::new());
+        let requests = std::iter::from_fn(|| self.next_request(&mut meta.borrow_mut()));
+        let mut engine = Engine {
+            backend: model,
+            max_batch: batch_size,
+            image_token_id: self.image_token_id,
+        };
+        let json = a.json && a.out.is_none();
+        let out = || self.out.lock().unwrap_or_else(|e| e.into_inner());
+        engine.run(requests, &mut |ev| match ev {
+            Event::Token { .. } => out().token(),
+            Event::Done { index, result } => {
+                let meta = meta.borrow();
+                let m = &meta[index];
+                let mut o = out();
+                let (d, page) = o.locate(m.unit);
+                let name = o.page_name(d, page);
+                let r: PageResult = match result {
+                    Ok(g) => {
+                        let text_ids: &[u32] =
+                            match g.token_ids.iter().position(|t| self.stops.contains(t)) {
+                                Some(i) if !a.ignore_eos => &g.token_ids[..i],
+                                _ => &g.token_ids,
+                            };
+                        self.prompter
+                            .decode(text_ids, true)
+                            .map(|text| {
+                                let v = json.then(|| {
+                                    json!({
+                                        "file": docs[d].path.display().to_string(),
+                                        "page": page + 1,
+                                        "text": text,
+                                        "token_ids": g.token_ids,
+                                        "top_logprobs": g.top_logprobs,
+                                        "finish_reason": g.finish_reason,
+                                        "prompt_tokens": m.prompt_tokens,
+                                        "image_tokens": m.image_tokens,
+                                        "image_size": m.size,
+                                    })
+                                });
+                                (text, v)
+                            })
+                            .map_err(|e| format!("{name}: {e}"))
+                    }
+                    Err(e) => Err(format!("{name}: {e}")),
+                };
+                o.finish(m.unit, r);
+            }
+        });
+    }
+}

@@ -1,0 +1,296 @@
+//! `ocrctl serve`: the OpenAI-compatible HTTP server (see [`ocrctl::server`]).
+//!
+//! ```text
+//! ocrctl serve --model out/m --profile 16gb --port 8000 --api-key "$KEY"
+//! ```
+//!
+//! Every option can also come from an `OCRCTL_*` environment variable (`OCRCTL_MODEL`,
+//! `OCRCTL_PROFILE`, `OCRCTL_PORT`, …). The model loads on the engine thread while the
+//! server already answers: `/health` is 503 until it is ready. `--devices 0,1,2,3` runs one
+//! engine per device behind the one HTTP front and queue (see [`ocrctl::server::queue`]);
+//! the server is ready while one engine is, and `/health` names those that are not. When no
+//! engine is left — every one failed to load (status 1) or died while serving (status 70) —
+//! the process exits, so that a supervisor restarts it.
+
+use anyhow::Context;
+use clap::Args;
+use ocrctl::runtime::devices::{self, Device};
+use ocrctl::generation::engine::Engine;
+use ocrctl::runtime::ortmodel::OrtModel;
+use ocrctl::model::preprocess::DEFAULT_MAX_PIXELS;
+use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
+use ocrctl::server::{worker, AppState, ServerConfig};
+use ocrctl_exporters::export::Manifest;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Exit status when the model cannot be loaded.
+const EXIT_LOAD_FAILED: i32 = 1;
+/// Exit status when the engine thread died while serving (EX_SOFTWARE).
+const EXIT_ENGINE_DIED: i32 = 70;
+
+/// Arguments of `ocrctl serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Exported model directory (from `ocrctl export`).
+    #[arg(long, env = "OCRCTL_MODEL")]
+    model: PathBuf,
+    #[command(flatten)]
+    rt: crate::cli::common::RuntimeArgs,
+    /// Address to listen on.
+    #[arg(long, env = "OCRCTL_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the chosen address is printed).
+    #[arg(long, env = "OCRCTL_PORT", default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* (compared in constant time).
+    #[arg(long, env = "OCRCTL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Fetch `http://` image URLs given in requests (off: only data: URLs are accepted).
+    #[arg(long, env = "OCRCTL_ALLOW_REMOTE_IMAGES")]
+    allow_remote_images: bool,
+    /// Model name for /v1/models and requests' `model` (default: the model directory's name).
+    #[arg(long, env = "OCRCTL_SERVED_MODEL_NAME")]
+    served_model_name: Option<String>,
+    /// Seconds a request may take from arrival to its last token (queue wait included).
+    #[arg(long, env = "OCRCTL_REQUEST_TIMEOUT", default_value_t = 600)]
+    request_timeout: u64,
+    /// Seconds running requests may take to finish after SIGTERM.
+    #[arg(long, env = "OCRCTL_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    shutdown_timeout: u64,
+    /// Requests decoded together (default: the profile's max_batch_size).
+    #[arg(long, env = "OCRCTL_BATCH_SIZE")]
+    batch_size: Option<usize>,
+    /// Requests that may wait for a batch slot before 429 (default: the profile's queue_size).
+    #[arg(long, env = "OCRCTL_QUEUE_SIZE")]
+    queue_size: Option<usize>,
+    /// Refuse images with more pixels than this (checked from the header, before decoding).
+    #[arg(long, env = "OCRCTL_MAX_PIXELS", default_value_t = DEFAULT_MAX_PIXELS)]
+    max_pixels: u64,
+    /// Stop a request whose output repeats a block of tokens many times in a row.
+    #[arg(long, env = "OCRCTL_LOOP_GUARD")]
+    loop_guard: bool,
+    /// Connections served at once; more wait in the listen backlog.
+    #[arg(long, env = "OCRCTL_MAX_CONNECTIONS", default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds a connection has to send a request's headers (idle keep-alive included).
+    #[arg(long, env = "OCRCTL_HEADER_TIMEOUT", default_value_t = 10)]
+    header_timeout: u64,
+    /// Seconds a request's body has to arrive.
+    #[arg(long, env = "OCRCTL_BODY_TIMEOUT", default_value_t = 60)]
+    body_timeout: u64,
+    /// Host names a server without --api-key answers to, besides IP addresses and
+    /// localhost (comma-separated). Other Host headers get 403 (DNS-rebinding guard).
+    #[arg(long, env = "OCRCTL_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+    /// Devices to run one engine each on, comma-separated: GPU indices (`0,1,2,3`, with the
+    /// profile's GPU providers) or `cpu` (default: one engine, the profile's device 0).
+    #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
+    devices: Vec<Device>,
+}
+
+/// Starts engine `me` (on device `label`): loads the model on its own thread and runs it
+/// under [`worker::supervise`]. When no engine is left, the process exits (status 1 when
+/// loading failed, 70 when an engine died while serving).
+#[allow(clippy::too_many_arguments)]
+fn spawn_engine(
+    me: usize,
+    label: String,
+    dir: PathBuf,
+    opts: ocrctl::runtime::ortmodel::LoadOptions,
+    batch: usize,
+    image_token_id: u32,
+    prompter: Arc<ocrctl::model::prompt::Prompter>,
+    shared: Arc<worker::Shared>,
+) -> anyhow::Result<()> {
+    let one = shared.engines.len() == 1;
+    let who = if one {
+        String::new()
+    } else {
+        format!(" on {label}")
+    };
+    std::thread::Builder::new()
+        .name(format!("ocrctl-engine-{me}"))
+        .spawn(move || {
+            let t = std::time::Instant::now();
+            match OrtModel::load(&dir, &opts) {
+                Ok(model) => {
+                    eprintln!(
+                        "ocrctl serve: model loaded{who} in {:.1} s (batch {batch})",
+                        t.elapsed().as_secs_f64()
+                    );
+                    let engine = Engine {
+                        backend: model,
+                        max_batch: batch,
+                        image_token_id,
+                    };
+                    let s2 = shared.clone();
+                    worker::supervise(
+                        &shared,
+                        me,
+                        move || worker::run_worker(engine, prompter, s2, me),
+                        |why| {
+                            if shared.state() == worker::ModelState::Failed {
+                                eprintln!(
+                                    "error: {why}{who}; exiting so that a supervisor restarts the server"
+                                );
+                                // Let the handlers send the failures of the requests in flight.
+                                std::thread::sleep(Duration::from_millis(300));
+                                std::process::exit(EXIT_ENGINE_DIED);
+                            }
+                            eprintln!("error: {why}{who}; the other engines go on serving");
+                        },
+                    );
+                }
+                Err(e) => {
+                    eprintln!("error: loading {}{who}: {e}", dir.display());
+                    shared.set_failed(me, format!("loading the model failed: {e}"));
+                    // A server that can never answer must not look alive to a supervisor.
+                    if shared.state() == worker::ModelState::Failed {
+                        std::process::exit(EXIT_LOAD_FAILED);
+                    }
+                }
+            }
+        })
+        .context("starting an engine thread")?;
+    Ok(())
+}
+
+/// Runs the server until SIGTERM/SIGINT.
+pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
+    if a.rt.profile.is_none() {
+        // `--profile` / `OCRCTL_PROFILE` were not given.
+        a.rt.profile = Some("cpu".into());
+    }
+    let (mut opts, profile) = a.rt.load_options(&a.model)?;
+    let profile = profile.expect("a profile is always set above");
+    let manifest =
+        Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
+    let cfg = manifest.model.clone();
+    let (prompter, mut pre) = crate::cli::common::page_inputs(&a.model, &cfg)?;
+    // Computed once here (a scan of the vocabulary), not by the first request's handler.
+    prompter.max_token_bytes();
+    let prompter = Arc::new(prompter);
+    pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
+    let gen_path = a.model.join("generation_config.json");
+    let mut defaults = match std::fs::read_to_string(&gen_path) {
+        Ok(t) => {
+            let v: serde_json::Value = serde_json::from_str(&t)
+                .with_context(|| format!("{}: invalid JSON", gen_path.display()))?;
+            SamplingParams::from_generation_config(&v)
+                .with_context(|| gen_path.display().to_string())?
+        }
+        Err(_) => SamplingParams::greedy(),
+    };
+    if a.loop_guard {
+        defaults.loop_guard = Some(LoopGuard::default());
+    }
+    let batch = a.batch_size.unwrap_or(profile.max_batch_size as usize);
+    if batch == 0 {
+        anyhow::bail!("--batch-size must be at least 1");
+    }
+    opts.kv_slots = batch;
+    if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
+        anyhow::bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
+    }
+    let model_name = a.served_model_name.clone().unwrap_or_else(|| {
+        a.model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "ocrctl".into())
+    });
+    let devices = if a.devices.is_empty() {
+        vec![if opts.providers.order.iter().any(|p| p.is_gpu()) {
+            Device::Gpu(opts.providers.device_id.max(0) as u32)
+        } else {
+            Device::Cpu
+        }]
+    } else {
+        a.devices.clone()
+    };
+    devices::check(&devices).map_err(anyhow::Error::msg)?;
+    let cpu_engines = devices.iter().filter(|d| **d == Device::Cpu).count();
+    let engine_opts = devices
+        .iter()
+        .map(|d| devices::options_for(&opts, *d, cpu_engines))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let labels = devices::labels(&devices);
+    let shared = Arc::new(worker::Shared::with_engines(
+        a.queue_size.unwrap_or(profile.queue_size as usize),
+        labels.clone(),
+    ));
+    let uses_gpu = opts
+        .providers
+        .order
+        .iter()
+        .any(|p| *p != ocrctl::runtime::providers::Provider::Cpu);
+    let state = Arc::new(AppState {
+        cfg: ServerConfig {
+            model_name,
+            max_body_bytes: profile.max_body_mb as usize * 1024 * 1024,
+            max_images: profile.max_images_per_request as usize,
+            max_pixels: a.max_pixels,
+            default_max_new_tokens: profile.default_max_new_tokens as usize,
+            max_new_tokens_limit: profile.max_new_tokens_limit as usize,
+            max_sequence_length: profile.max_sequence_length as usize,
+            api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+            allow_remote_images: a.allow_remote_images,
+            request_timeout: Duration::from_secs(a.request_timeout),
+            defaults,
+            stop_ids: ocrctl::generation::generate::stop_ids(&a.model, &cfg.eos_token_ids),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            front: ocrctl::server::front::FrontLimits {
+                max_connections: a.max_connections,
+                header_read_timeout: Duration::from_secs(a.header_timeout),
+                body_timeout: Duration::from_secs(a.body_timeout),
+                allowed_hosts: a.allowed_hosts.clone(),
+            },
+        },
+        shared: shared.clone(),
+        prompter: prompter.clone(),
+        pre,
+        stopping: AtomicBool::new(false),
+        gpu_memory: uses_gpu.then_some(ocrctl::runtime::gpumem::process_gpu_memory as fn() -> Option<u64>),
+        cut: tokio::sync::watch::channel(false).0,
+        decode_budget: ocrctl::server::images::DecodeBudget::new(
+            profile.decode_memory_mb as u64 * 1024 * 1024,
+        ),
+    });
+    // Each engine thread owns its copy of the model.
+    for (me, (opts, label)) in engine_opts.into_iter().zip(labels).enumerate() {
+        spawn_engine(
+            me,
+            label,
+            a.model.clone(),
+            opts,
+            batch,
+            cfg.image_token_id,
+            prompter.clone(),
+            shared.clone(),
+        )?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("ocrctl serve: listening on http://{local}");
+        ocrctl::server::serve(listener, state, Duration::from_secs(a.shutdown_timeout)).await?;
+        eprintln!("ocrctl serve: stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,528 @@
+//! What `ocrctl ocr` reads: command-line inputs (files, folders, glob patterns) expanded
+//! into documents — an image is a document of one page, a PDF one of N pages — and the
+//! pages loaded one at a time.
+//!
+//! - A folder gives its image and PDF files (by extension, not recursive), sorted.
+//! - A path that does not exist and contains `*`, `?` or `[` is a glob pattern (quote it so
+//!   that the shell does not expand it): `*` and `?` match within one path component,
+//!   `[abc]`, `[a-z]`, `[!a]` match one character of a set; matches are the image and PDF
+//!   files (by extension), sorted. A pattern that matches none is an error.
+//! - Any other path is a file: a PDF if it starts with the PDF magic or ends in `.pdf`,
+//!   else an image (its format is detected when it is loaded).
+//!
+//! [`Document::open`] counts a PDF's pages (and refuses encrypted or broken ones) without
+//! rendering; [`PageLoader`] renders or decodes a page only when asked and keeps at most one
+//! PDF open, so memory does not grow with the number or length of the documents.
+
+use crate::quality::calibrate::IMAGE_EXTENSIONS;
+use crate::documents::pdf::{self, PdfDocument, PdfError};
+use crate::model::preprocess::{self, PreprocessError};
+use image::RgbImage;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Errors expanding inputs or loading a page. Every message names the file or pattern.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// A folder (or a folder a pattern walks) could not be listed.
+    #[error("cannot list folder {path}: {source}")]
+    Folder {
+        /// The folder at fault.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A folder holds no image or PDF file.
+    #[error("{path}: no image or PDF file in this folder (png, jpg, webp, tif, pdf; subfolders are not read)")]
+    EmptyFolder {
+        /// The folder as given.
+        path: PathBuf,
+    },
+    /// A glob pattern matched no image or PDF file.
+    #[error("{pattern}: no image or PDF file matches this pattern")]
+    NoMatch {
+        /// The pattern as given.
+        pattern: String,
+    },
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file at fault.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An image could not be loaded.
+    #[error(transparent)]
+    Image(#[from] PreprocessError),
+    /// A PDF could not be opened or a page rendered.
+    #[error(transparent)]
+    Pdf(#[from] PdfError),
+}
+
+/// File extensions (lower case) taken from folders and patterns.
+pub fn accepted_extension(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .is_some_and(|e| e == "pdf" || IMAGE_EXTENSIONS.contains(&e.as_str()))
+}
+
+fn is_pattern(p: &Path) -> bool {
+    !p.exists() && p.to_string_lossy().contains(['*', '?', '['])
+}
+
+/// One shard of a batch job: `index` of `count` (0-based), from `--shard K/N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u64,
+    pub count: u64,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    /// `K/N` with `0 <= K < N`.
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let err = || format!("expected K/N with 0 <= K < N (e.g. 0/4), got {s:?}");
+        let (k, n) = s.split_once('/').ok_or_else(err)?;
+        let (index, count) = (
+            k.trim().parse().map_err(|_| err())?,
+            n.trim().parse().map_err(|_| err())?,
+        );
+        if count == 0 || index >= count {
+            return Err(err());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl Shard {
+    /// Whether `path` belongs to this shard. Decided by the file's name alone (FNV-1a, 64-bit),
+    /// so the shards do not depend on the order of a listing, on where the folder is mounted
+    /// or what it is called, and every file falls in exactly one shard. (FNV-1a is written out
+    /// here because its value must never change between versions; a hashing crate's default
+    /// hasher makes no such promise.)
+    pub fn contains(&self, path: &Path) -> bool {
+        let name = path.file_name().map_or_else(
+            || path.as_os_str().as_encoded_bytes().to_vec(),
+            |n| n.as_encoded_bytes().to_vec(),
+        );
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h % self.count == self.index
+    }
+}
+
+/// Expands inputs into files in order: folders and patterns as described in the module
+/// documentation, other paths as given. Inputs that fail (an unreadable folder, a pattern
+/// matching nothing) give an error each; the others still expand.
+pub fn expand(inputs: &[PathBuf]) -> Vec<Result<PathBuf, InputError>> {
+    let mut out = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            match list_folder(input) {
+                Ok(files) if files.is_empty() => out.push(Err(InputError::EmptyFolder {
+                    path: input.clone(),
+                })),
+                Ok(files) => out.extend(files.into_iter().map(Ok)),
+                Err(e) => out.push(Err(e)),
+            }
+        } else if is_pattern(input) {
+            match glob(input) {
+                Ok(files) if files.is_empty() => out.push(Err(InputError::NoMatch {
+                    pattern: input.display().to_string(),
+                })),
+                Ok(files) => out.extend(files.into_iter().map(Ok)),
+                Err(e) => out.push(Err(e)),
+            }
+        } else {
+            out.push(Ok(input.clone()));
+        }
+    }
+    out
+}
+
+fn list_folder(dir: &Path) -> Result<Vec<PathBuf>, InputError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| InputError::Folder {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && accepted_extension(p))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Files matching `pattern` (wildcards in any component), image and PDF files only, sorted.
+fn glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
+    use std::path::Component;
+    let mut current: Vec<PathBuf> = vec![PathBuf::new()];
+    let comps: Vec<Component> = pattern.components().collect();
+    for (i, comp) in comps.iter().enumerate() {
+        let last = i + 1 == comps.len();
+        let part = comp.as_os_str().to_string_lossy();
+        let mut next = Vec::new();
+        for base in &current {
+            if !matches!(comp, Component::Normal(_)) || !part.contains(['*', '?', '[']) {
+                next.push(base.join(comp.as_os_str()));
+                continue;
+            }
+            let dir = if base.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                base.as_path()
+            };
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for e in rd.filter_map(Result::ok) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                // Like shells, `*` does not match a leading dot unless the pattern has one.
+                if name.starts_with('.') && !part.starts_with('.') {
+                    continue;
+                }
+                if wildcard_match(part.as_bytes(), name.as_bytes()) {
+                    let p = base.join(&name);
+                    if last || p.is_dir() {
+                        next.push(p);
+                    }
+                }
+            }
+        }
+        current = next;
+    }
+    let mut files: Vec<PathBuf> = current
+        .into_iter()
+        .filter(|p| p.is_file() && accepted_extension(p))
+        .collect();
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+/// Matches one path component against a pattern of literals, `*`, `?` and `[...]` sets
+/// (`[!...]` or `[^...]` negated, `a-z` ranges); an unclosed `[` is a literal.
+pub fn wildcard_match(pat: &[u8], name: &[u8]) -> bool {
+    // Iterative matching with backtracking to the last `*`.
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        let step = match pat.get(p) {
+            Some(b'*') => {
+                star = Some((p, n));
+                p += 1;
+                continue;
+            }
+            Some(b'?') => Some(p + 1),
+            Some(b'[') => match class_match(&pat[p..], name[n]) {
+                Some((true, len)) => Some(p + len),
+                Some((false, _)) => None,
+                None => (name[n] == b'[').then_some(p + 1),
+            },
+            Some(&c) => (c == name[n]).then_some(p + 1),
+            None => None,
+        };
+        match (step, star) {
+            (Some(np), _) => {
+                p = np;
+                n += 1;
+            }
+            (None, Some((sp, sn))) => {
+                p = sp + 1;
+                n = sn + 1;
+                star = Some((sp, sn + 1));
+            }
+            (None, None) => return false,
+        }
+    }
+    pat[p..].iter().all(|&c| c == b'*')
+}
+
+/// For `class` starting with `[`: whether `c` is in the set and the class's length, or
+/// `None` when the class is not closed.
+fn class_match(class: &[u8], c: u8) -> Option<(bool, usize)> {
+    let mut i = 1;
+    let negate = matches!(class.get(i), Some(b'!' | b'^'));
+    if negate {
+        i += 1;
+    }
+    let mut hit = false;
+    let mut first = true;
+    loop {
+        let &x = class.get(i)?;
+        if x == b']' && !first {
+            return Some((hit != negate, i + 1));
+        }
+        first = false;
+        if class.get(i + 1) == Some(&b'-') && class.get(i + 2).is_some_and(|&y| y != b']') {
+            hit |= (x..=class[i + 2]).contains(&c);
+            i += 3;
+        } else {
+            hit |= x == c;
+            i += 1;
+        }
+    }
+}
+
+/// What a document is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DocKind {
+    /// An image file: one page.
+    Image,
+    /// A PDF with this many pages.
+    Pdf {
+        /// Number of pages.
+        pages: usize,
+    },
+}
+
+/// One input file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Document {
+    /// The file.
+    pub path: PathBuf,
+    /// Image or PDF.
+    pub kind: DocKind,
+}
+
+impl Document {
+    /// Classifies `path` (see the module documentation); a PDF is opened to count its pages,
+    /// which refuses encrypted, damaged, empty and over-long ones. Images are not read yet.
+    pub fn open(path: &Path, pdfium: Option<&Path>) -> Result<Self, InputError> {
+        let read_err = |source| InputError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut head = Vec::with_capacity(1024);
+        std::fs::File::open(path)
+            .and_then(|f| f.take(1024).read_to_end(&mut head))
+            .map_err(read_err)?;
+        let pdf_ext = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("pdf"));
+        let kind = if pdf::is_pdf(&head) || pdf_ext {
+            let bytes = std::fs::read(path).map_err(read_err)?;
+            let doc = PdfDocument::open(bytes, &path.display().to_string(), pdfium)?;
+            DocKind::Pdf {
+                pages: doc.page_count(),
+            }
+        } else {
+            DocKind::Image
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            kind,
+        })
+    }
+
+    /// Number of pages (1 for an image).
+    pub fn pages(&self) -> usize {
+        match self.kind {
+            DocKind::Image => 1,
+            DocKind::Pdf { pages } => pages,
+        }
+    }
+}
+
+/// Loads pages on demand, keeping the PDF being read open (and only that one).
+pub struct PageLoader {
+    pdfium: Option<PathBuf>,
+    max_pixels: u64,
+    open: Option<(PathBuf, PdfDocument<'static>)>,
+}
+
+impl PageLoader {
+    /// `pdfium`: explicit library path; `max_pixels`: image budget (see
+    /// [`preprocess::load_image`]).
+    pub fn new(pdfium: Option<PathBuf>, max_pixels: u64) -> Self {
+        Self {
+            pdfium,
+            max_pixels,
+            open: None,
+        }
+    }
+
+    /// Page `index` (0-based) of `doc` as RGB. Moving on to another document closes the PDF
+    /// held so far.
+    pub fn load(&mut self, doc: &Document, index: usize) -> Result<RgbImage, InputError> {
+        if self.open.as_ref().is_some_and(|(p, _)| p != &doc.path) {
+            self.open = None;
+        }
+        match doc.kind {
+            DocKind::Image => Ok(preprocess::load_image(&doc.path, self.max_pixels)?),
+            DocKind::Pdf { .. } => {
+                if self.open.is_none() {
+                    let bytes = std::fs::read(&doc.path).map_err(|source| InputError::Read {
+                        path: doc.path.clone(),
+                        source,
+                    })?;
+                    let name = doc.path.display().to_string();
+                    let pdf = PdfDocument::open(bytes, &name, self.pdfium.as_deref())?;
+                    self.open = Some((doc.path.clone(), pdf));
+                }
+                let (_, pdf) = self.open.as_ref().expect("opened above");
+                Ok(pdf.render_page(index)?)
+            }
+        }
+    }
+
+    /// Closes the PDF held, if any.
+    pub fn close(&mut self) {
+        self.open = None;
+    }
+}
+
+/// What separates page `page` (1-based, ≥ 2) from the page before it, in markdown files,
+/// plain-text output and the server's `/v1/ocr` answers: a blank line, an HTML comment
+/// naming the page (invisible when the markdown is rendered, unlike `---`, which OCR output
+/// may itself contain), a blank line.
+pub fn page_separator(page: usize) -> String {
+    format!("\n\n<!-- page {page} -->\n\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_partition_any_listing_by_file_name() {
+        let names: Vec<PathBuf> = (0..500)
+            .map(|i| PathBuf::from(format!("scan-{i:04}.pdf")))
+            .collect();
+        let shards: Vec<Shard> = (0..7).map(|k| format!("{k}/7").parse().unwrap()).collect();
+        let mut sizes = vec![0usize; 7];
+        for n in &names {
+            let owners: Vec<usize> = (0..7).filter(|k| shards[*k].contains(n)).collect();
+            assert_eq!(owners.len(), 1, "{} in shards {owners:?}", n.display());
+            sizes[owners[0]] += 1;
+            // Where the folder is mounted, or what it is called, changes nothing.
+            let moved = Path::new("/mnt/other/renamed").join(n);
+            assert!(shards[owners[0]].contains(&moved));
+        }
+        assert!(sizes.iter().all(|s| *s > 40), "unbalanced: {sizes:?}");
+        for bad in ["4/4", "1", "a/2", "0/0", "-1/3"] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn wildcards_match_like_a_shell() {
+        let m = |p: &str, n: &str| wildcard_match(p.as_bytes(), n.as_bytes());
+        assert!(m("*.pdf", "scan.pdf"));
+        assert!(m("*.pdf", ".pdf"));
+        assert!(!m("*.pdf", "scan.pdf.png"));
+        assert!(m("page-??.png", "page-01.png"));
+        assert!(!m("page-??.png", "page-1.png"));
+        assert!(m("*a*b*", "xxaYYbzz"));
+        assert!(!m("*a*b", "xxaYYbzz"));
+        assert!(m("[ab]*", "b7"));
+        assert!(!m("[!ab]*", "b7"));
+        assert!(m("p[0-9][0-9]", "p42"));
+        assert!(!m("p[0-9]", "px"));
+        assert!(m("[]]x", "]x"));
+        assert!(m("a[b", "a[b"), "an unclosed class is literal");
+        assert!(m("*", ""));
+        assert!(!m("?", ""));
+    }
+
+    #[test]
+    fn folders_and_patterns_expand_sorted_and_filtered() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        for f in [
+            "b.pdf",
+            "a.PNG",
+            "c.txt",
+            "d.jpg",
+            ".hidden.pdf",
+            "sub/e.pdf",
+            "sub/f.pdf",
+        ] {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+        let ok = |v: Vec<Result<PathBuf, InputError>>| -> Vec<String> {
+            v.into_iter()
+                .map(|r| {
+                    let p = r.unwrap();
+                    p.strip_prefix(root).unwrap().display().to_string()
+                })
+                .collect()
+        };
+        assert_eq!(
+            ok(expand(&[root.to_path_buf()])),
+            [".hidden.pdf", "a.PNG", "b.pdf", "d.jpg"]
+        );
+        assert_eq!(ok(expand(&[root.join("*.pdf")])), ["b.pdf"]);
+        assert_eq!(
+            ok(expand(&[root.join("*/?.pdf")])),
+            ["sub/e.pdf", "sub/f.pdf"]
+        );
+        assert_eq!(ok(expand(&[root.join("[a-b].*")])), ["a.PNG", "b.pdf"]);
+        // Explicit files are kept whatever their extension; order is preserved.
+        assert_eq!(
+            ok(expand(&[root.join("c.txt"), root.join("sub/e.pdf")])),
+            ["c.txt", "sub/e.pdf"]
+        );
+        let r = expand(&[root.join("*.tiff")]);
+        let e = r[0].as_ref().unwrap_err();
+        assert!(matches!(e, InputError::NoMatch { .. }));
+        assert!(e.to_string().contains("*.tiff"), "{e}");
+    }
+
+    #[test]
+    fn documents_are_classified_by_content_and_extension() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let doc = Document::open(&fixtures.join("pdf/two_pages.pdf"), None).unwrap();
+        assert_eq!(doc.kind, DocKind::Pdf { pages: 2 });
+        let img = fixtures.join("tiny-lightonocr/images/aligned.png");
+        assert_eq!(Document::open(&img, None).unwrap().kind, DocKind::Image);
+
+        // A PDF without the .pdf extension is still a PDF.
+        let d = tempfile::tempdir().unwrap();
+        let renamed = d.path().join("scan.bin");
+        std::fs::copy(fixtures.join("pdf/two_pages.pdf"), &renamed).unwrap();
+        assert_eq!(Document::open(&renamed, None).unwrap().pages(), 2);
+
+        for (f, want) in [
+            ("pdf/encrypted.pdf", "encrypted"),
+            ("pdf/truncated.pdf", "damaged"),
+        ] {
+            let p = fixtures.join(f);
+            let e = Document::open(&p, None).unwrap_err().to_string();
+            assert!(
+                e.contains(&p.display().to_string()) && e.contains(want),
+                "{e}"
+            );
+        }
+        let e = Document::open(Path::new("/nonexistent/x.png"), None).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/x.png"), "{e}");
+    }
+
+    #[test]
+    fn the_loader_renders_pages_and_switches_documents() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let pdf = Document::open(&fixtures.join("pdf/two_pages.pdf"), None).unwrap();
+        let img =
+            Document::open(&fixtures.join("tiny-lightonocr/images/aligned.png"), None).unwrap();
+        let mut l = PageLoader::new(None, preprocess::DEFAULT_MAX_PIXELS);
+        assert_eq!(l.load(&pdf, 1).unwrap().dimensions(), (1540, 82));
+        assert_eq!(l.load(&pdf, 0).unwrap().dimensions(), (224, 56));
+        assert_eq!(l.load(&img, 0).unwrap().dimensions(), (224, 56));
+        assert!(
+            l.open.is_none(),
+            "the PDF is closed once the loader moves on"
+        );
+        let e = l.load(&pdf, 2).unwrap_err().to_string();
+        assert!(e.contains("two_pages.pdf: page 3"), "{e}");
+    }
+}

@@ -1,0 +1,759 @@
+//! Continuous batching over any [`Backend`]: requests join and leave a decode batch.
+//!
+//! The state of a running batch lives in a [`Batch`]; [`Engine::admit`] adds a request to it
+//! (prefill: image features, embeddings with the image rows replaced, decoder over the
+//! prompt, batch 1 — images differ in size) and [`Engine::step`] picks one token per active
+//! request with its own [`Sampler`], retires finished ones (stop id, `max_new_tokens`, the
+//! loop guard, or the caller's [`Flow`]), and runs one padded decoder step for all the rest
+//! ([`Backend::decode_batch`]). [`Engine::run`] drives a whole list of requests with these;
+//! the HTTP server drives them itself so requests can arrive, be cancelled and stream while
+//! others decode. Log-probabilities are those of the raw model distribution (before
+//! penalties and temperature), as vLLM reports them. A request that fails during its
+//! prefill fails alone.
+//!
+//! ```
+//! use ocrctl::generation::engine::{Batch, Engine, Event, Flow};
+//! # use ocrctl::runtime::backend::{Backend, BackendError};
+//! # use ndarray::{Array2, Array4};
+//! # struct Echo;
+//! # impl Backend for Echo {
+//! #     type Cache = ();
+//! #     fn hidden_size(&self) -> usize { 1 }
+//! #     fn encode_image(&mut self, _: &Array4<f32>) -> Result<Array2<f32>, BackendError> { unreachable!() }
+//! #     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> { Ok(Array2::zeros((ids.len(), 1))) }
+//! #     fn forward(&mut self, _: Array2<f32>, _: Option<()>) -> Result<(Vec<f32>, ()), BackendError> { Ok((vec![0.0, 1.0], ())) }
+//! # }
+//! let mut engine = Engine { backend: Echo, max_batch: 4, image_token_id: 9 };
+//! let mut batch = Batch::new();
+//! let req = ocrctl::generation::engine::GenRequest::text(vec![0], 3);
+//! engine.admit(&mut batch, 7, req, &mut |_| Flow::Continue);
+//! let mut tokens = 0;
+//! while !batch.is_empty() {
+//!     engine.step(&mut batch, &mut |ev| {
+//!         if let Event::Token { .. } = ev { tokens += 1 }
+//!         Flow::Continue
+//!     });
+//! }
+//! assert_eq!(tokens, 3);
+//! ```
+
+use crate::runtime::backend::{Backend, BackendError, StepLogits};
+use crate::generation::generate::{
+    argmax_and_top_k, log_sum_exp, merge_image_features, FinishReason, Generation, TokenLogprob,
+};
+use crate::generation::sampling::{Sampler, SamplingParams};
+use ndarray::{concatenate, Array2, Array4, Axis};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    pub prompt_ids: Vec<u32>,
+    /// `[1, 3, H, W]` pixel values of the request's images, in prompt order (one run of
+    /// image tokens in `prompt_ids` per image).
+    pub images: Vec<Array4<f32>>,
+    pub params: SamplingParams,
+    pub max_new_tokens: usize,
+    pub stop_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Report the chosen token's log-probability at every step.
+    pub logprobs: bool,
+    /// Top log-probabilities recorded per step (0 = none).
+    pub top_logprobs: usize,
+}
+
+impl GenRequest {
+    /// A greedy text-only request (no images, no stop ids): for tests and examples.
+    pub fn text(prompt_ids: Vec<u32>, max_new_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt_ids,
+            images: Vec::new(),
+            params: SamplingParams::greedy(),
+            max_new_tokens,
+            stop_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: false,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// Something that happened to request `index` (the caller's id for it).
+#[derive(Debug, Clone)]
+pub enum Event<'a> {
+    /// A token was generated. `logprob` is the chosen token's (when the request asked for
+    /// log-probabilities), `top` the most likely tokens (when it asked for `top_logprobs`).
+    Token {
+        index: usize,
+        id: u32,
+        logprob: Option<f32>,
+        top: &'a [TokenLogprob],
+    },
+    /// The request finished (successfully or not); it has left the batch.
+    Done {
+        index: usize,
+        result: &'a Result<Generation, String>,
+    },
+}
+
+/// What the caller wants after seeing a [`Event::Token`] (ignored for [`Event::Done`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Keep generating.
+    Continue,
+    /// Finish the request now, successfully, with [`FinishReason::Stop`] (e.g. a stop
+    /// string matched the text so far).
+    Finish,
+    /// Drop the request: its client is gone. Reported as `Done` with an error.
+    Cancel,
+}
+
+struct Active<C> {
+    index: usize,
+    req: GenRequest,
+    sampler: Sampler,
+    logits: Vec<f32>,
+    /// The next token when the backend chose it (greedy rows; `logits` is then empty).
+    device_choice: Option<u32>,
+    cache: C,
+    out: Generation,
+}
+
+/// The requests being decoded together, with their caches.
+pub struct Batch<C> {
+    active: Vec<Active<C>>,
+}
+
+impl<C> Default for Batch<C> {
+    fn default() -> Self {
+        Batch { active: Vec::new() }
+    }
+}
+
+impl<C> Batch<C> {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Batch::default()
+    }
+
+    /// Requests in the batch.
+    pub fn len(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Whether no request is in the batch.
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// The caller ids of the requests in the batch.
+    pub fn indices(&self) -> Vec<usize> {
+        self.active.iter().map(|a| a.index).collect()
+    }
+
+    /// Removes request `index`, returning what it generated so far.
+    pub fn remove(&mut self, index: usize) -> Option<Generation> {
+        let pos = self.active.iter().position(|a| a.index == index)?;
+        Some(self.active.remove(pos).out)
+    }
+}
+
+fn empty_generation() -> Generation {
+    Generation {
+        token_ids: vec![],
+        logprobs: vec![],
+        top_logprobs: vec![],
+        finish_reason: FinishReason::Length,
+    }
+}
+
+/// Whether the argmax of a request's logits is all its next token needs: greedy, no
+/// repetition penalty, no log-probabilities.
+fn argmax_is_enough(req: &GenRequest) -> bool {
+    req.params.is_greedy()
+        && req.params.repetition_penalty == 1.0
+        && !req.logprobs
+        && req.top_logprobs == 0
+}
+
+/// The text of a caught panic's payload (`&str` or `String`), else a placeholder.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
+}
+
+/// Log-probability of token `id` under the softmax of `logits` (float64 accumulation).
+pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
+    (logits[id as usize] as f64 - log_sum_exp(logits)) as f32
+}
+
+/// The scheduler. `max_batch` bounds how many requests decode together.
+pub struct Engine<B: Backend> {
+    pub backend: B,
+    pub max_batch: usize,
+    pub image_token_id: u32,
+}
+
+impl<B: Backend> Engine<B> {
+    fn prefill(&mut self, req: &GenRequest) -> Result<(Vec<f32>, B::Cache), BackendError> {
+        let mut e = self.backend.embed(&req.prompt_ids)?;
+        if !req.images.is_empty() {
+            let mut feats = Vec::with_capacity(req.images.len());
+            for p in &req.images {
+                feats.push(self.backend.encode_image(p)?);
+            }
+            let f = if feats.len() == 1 {
+                feats.pop().expect("one image")
+            } else {
+                let views: Vec<_> = feats.iter().map(|f| f.view()).collect();
+                concatenate(Axis(0), &views).map_err(|e| BackendError::Invalid(e.to_string()))?
+            };
+            merge_image_features(&mut e, &req.prompt_ids, self.image_token_id, &f)?;
+        } else if req.prompt_ids.contains(&self.image_token_id) {
+            let f = Array2::zeros((0, e.ncols()));
+            merge_image_features(&mut e, &req.prompt_ids, self.image_token_id, &f)?;
+        }
+        self.backend.forward(e, None)
+    }
+
+    /// Whether `batch` has room for another request: fewer than `max_batch` decoding, and a
+    /// free sequence in the backend's cache when it has a fixed one (a full cache makes new
+    /// requests wait for a running one to finish instead of failing).
+    pub fn has_room(&self, batch: &Batch<B::Cache>) -> bool {
+        batch.len() < self.max_batch.max(1) && self.backend.free_sequences() != Some(0)
+    }
+
+    /// Adds request `index` to `batch` after running its prefill. A request that cannot
+    /// start (invalid sampling parameters, a failing prefill) or needs no token
+    /// (`max_new_tokens == 0`) is reported through `on_event` as `Done` right away.
+    pub fn admit(
+        &mut self,
+        batch: &mut Batch<B::Cache>,
+        index: usize,
+        req: GenRequest,
+        on_event: &mut dyn FnMut(Event) -> Flow,
+    ) {
+        let sampler = match Sampler::new(req.params.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                on_event(Event::Done {
+                    index,
+                    result: &Err(e.to_string()),
+                });
+                return;
+            }
+        };
+        if req.max_new_tokens == 0 {
+            on_event(Event::Done {
+                index,
+                result: &Ok(empty_generation()),
+            });
+            return;
+        }
+        // A request that would outgrow a fixed-size cache fails now, alone, rather than
+        // failing the decode step it would share with others (the last token is never fed
+        // back, so it needs no position).
+        if let Some(cap) = self.backend.max_positions() {
+            let need = req.prompt_ids.len() + req.max_new_tokens - 1;
+            if need > cap {
+                on_event(Event::Done {
+                    index,
+                    result: &Err(format!(
+                        "the prompt ({} tokens) and max_new_tokens ({}) need {need} positions; \
+                         the KV cache holds {cap} per sequence (max_sequence_length)",
+                        req.prompt_ids.len(),
+                        req.max_new_tokens
+                    )),
+                });
+                return;
+            }
+        }
+        match self.prefill(&req) {
+            Ok((logits, cache)) => batch.active.push(Active {
+                index,
+                req,
+                sampler,
+                logits,
+                device_choice: None,
+                cache,
+                out: empty_generation(),
+            }),
+            Err(e) => {
+                on_event(Event::Done {
+                    index,
+                    result: &Err(e.to_string()),
+                });
+            }
+        }
+    }
+
+    /// One step: a token for every request in `batch`, finished requests retired (`Done`),
+    /// then one decoder step for the rest. A decoder failure fails every request of the step.
+    pub fn step(&mut self, batch: &mut Batch<B::Cache>, on_event: &mut dyn FnMut(Event) -> Flow) {
+        let mut keep = Vec::with_capacity(batch.active.len());
+        for mut a in batch.active.drain(..) {
+            // Log-probabilities are of the raw distribution: read them before the sampler
+            // applies penalties and temperature in place (only when the request asks).
+            // A panic while choosing one request's token (a bug, or logits a backend got
+            // wrong) fails that request only; the others and the engine go on.
+            let chosen = catch_unwind(AssertUnwindSafe(|| {
+                // The backend already chose (only asked of greedy rows without penalty or
+                // log-probabilities, for which the argmax is the whole answer).
+                if let Some(id) = a.device_choice.take() {
+                    return (id, None, Vec::new());
+                }
+                let top = if a.req.top_logprobs > 0 {
+                    argmax_and_top_k(&a.logits, a.req.top_logprobs).1
+                } else {
+                    Vec::new()
+                };
+                let raw = (a.req.logprobs || a.req.top_logprobs > 0)
+                    .then(|| (a.logits.clone(), log_sum_exp(&a.logits)));
+                let id = a.sampler.next(&mut a.logits, &a.out.token_ids);
+                let logprob = raw.map(|(l, lse)| (l[id as usize] as f64 - lse) as f32);
+                (id, logprob, top)
+            }));
+            let (id, logprob, top) = match chosen {
+                Ok(c) => c,
+                Err(panic) => {
+                    on_event(Event::Done {
+                        index: a.index,
+                        result: &Err(format!(
+                            "internal error while choosing a token: {}",
+                            panic_message(panic.as_ref())
+                        )),
+                    });
+                    continue;
+                }
+            };
+            a.out.token_ids.push(id);
+            let flow = on_event(Event::Token {
+                index: a.index,
+                id,
+                logprob,
+                top: &top,
+            });
+            if let Some(lp) = logprob {
+                a.out.logprobs.push(lp);
+            }
+            if a.req.top_logprobs > 0 {
+                a.out.top_logprobs.push(top);
+            }
+            if flow == Flow::Cancel {
+                on_event(Event::Done {
+                    index: a.index,
+                    result: &Err("cancelled".into()),
+                });
+                continue;
+            }
+            let stop = flow == Flow::Finish || (!a.req.ignore_eos && a.req.stop_ids.contains(&id));
+            if stop {
+                a.out.finish_reason = FinishReason::Stop;
+            } else if a.sampler.loop_detected(&a.out.token_ids) {
+                a.out.finish_reason = FinishReason::Repetition;
+            }
+            if stop
+                || a.out.finish_reason == FinishReason::Repetition
+                || a.out.token_ids.len() >= a.req.max_new_tokens
+            {
+                let out = std::mem::replace(&mut a.out, empty_generation());
+                on_event(Event::Done {
+                    index: a.index,
+                    result: &Ok(out),
+                });
+            } else {
+                keep.push(a);
+            }
+        }
+        if keep.is_empty() {
+            return;
+        }
+        let tokens: Vec<u32> = keep
+            .iter()
+            .map(|a| *a.out.token_ids.last().expect("one token chosen"))
+            .collect();
+        let argmax_only: Vec<bool> = keep.iter().map(|a| argmax_is_enough(&a.req)).collect();
+        let mut metas = Vec::with_capacity(keep.len());
+        let mut caches = Vec::with_capacity(keep.len());
+        for a in keep {
+            caches.push(a.cache);
+            metas.push((a.index, a.req, a.sampler, a.out));
+        }
+        match self
+            .backend
+            .decode_batch_select(&tokens, caches, &argmax_only)
+        {
+            Ok((logits, caches)) => {
+                for ((m, l), c) in metas.into_iter().zip(logits).zip(caches) {
+                    let (logits, device_choice) = match l {
+                        StepLogits::Full(l) => (l, None),
+                        StepLogits::Argmax(id) => (Vec::new(), Some(id)),
+                    };
+                    batch.active.push(Active {
+                        index: m.0,
+                        req: m.1,
+                        sampler: m.2,
+                        logits,
+                        device_choice,
+                        cache: c,
+                        out: m.3,
+                    });
+                }
+            }
+            Err(e) => {
+                let r = Err(e.to_string());
+                for m in metas {
+                    on_event(Event::Done {
+                        index: m.0,
+                        result: &r,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs all `requests` to completion, pulling them lazily (at most `max_batch` are
+    /// held at once); `on_event` sees every token and completion. Results are in request
+    /// order.
+    pub fn run(
+        &mut self,
+        requests: impl IntoIterator<Item = GenRequest>,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Vec<Result<Generation, String>> {
+        let mut results: Vec<Option<Result<Generation, String>>> = Vec::new();
+        let mut pending = requests.into_iter().enumerate().peekable();
+        let mut batch = Batch::new();
+        let mut record = |ev: Event| {
+            if let Event::Done { index, result } = &ev {
+                if results.len() <= *index {
+                    results.resize_with(index + 1, || None);
+                }
+                results[*index] = Some((*result).clone());
+            }
+            on_event(ev);
+            Flow::Continue
+        };
+        while pending.peek().is_some() || !batch.is_empty() {
+            while self.has_room(&batch) {
+                let Some((index, req)) = pending.next() else {
+                    break;
+                };
+                self.admit(&mut batch, index, req, &mut record);
+            }
+            if !batch.is_empty() {
+                self.step(&mut batch, &mut record);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err("request was never scheduled".into())))
+            .collect()
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Next token = (sum of the sequence so far) mod vocab: depends on the whole history,
+    /// so any mix-up between batched sequences changes the output.
+    struct SumModel {
+        vocab: usize,
+        max_batch_seen: usize,
+    }
+
+    impl Backend for SumModel {
+        type Cache = u64;
+        fn hidden_size(&self) -> usize {
+            1
+        }
+        fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+            Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
+        }
+        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
+                ids[i] as f32
+            }))
+        }
+        fn forward(
+            &mut self,
+            e: Array2<f32>,
+            cache: Option<u64>,
+        ) -> Result<(Vec<f32>, u64), BackendError> {
+            let sum = cache.unwrap_or(0) + e.iter().map(|x| *x as u64).sum::<u64>();
+            let mut l = vec![0.0; self.vocab];
+            l[(sum % self.vocab as u64) as usize] = 10.0;
+            Ok((l, sum))
+        }
+        fn decode_batch(
+            &mut self,
+            tokens: &[u32],
+            caches: Vec<u64>,
+        ) -> Result<(Vec<Vec<f32>>, Vec<u64>), BackendError> {
+            self.max_batch_seen = self.max_batch_seen.max(tokens.len());
+            let mut ls = Vec::new();
+            let mut cs = Vec::new();
+            for (t, c) in tokens.iter().zip(caches) {
+                let (l, c) = self.forward(Array2::from_elem((1, 1), *t as f32), Some(c))?;
+                ls.push(l);
+                cs.push(c);
+            }
+            Ok((ls, cs))
+        }
+    }
+
+    fn req(prompt: Vec<u32>, max: usize, w: usize) -> GenRequest {
+        GenRequest {
+            prompt_ids: prompt,
+            images: vec![Array4::zeros((1, 3, 1, w))],
+            params: SamplingParams::greedy(),
+            max_new_tokens: max,
+            stop_ids: vec![0],
+            ignore_eos: false,
+            logprobs: true,
+            top_logprobs: 2,
+        }
+    }
+
+    #[test]
+    fn batched_results_equal_one_at_a_time_and_requests_join_and_leave() {
+        let reqs: Vec<GenRequest> = (0..7)
+            .map(|i| req(vec![1, 99, 2 + i], 3 + i as usize * 2, 5 + i as usize))
+            .collect();
+        let run = |max_batch| {
+            let mut e = Engine {
+                backend: SumModel {
+                    vocab: 97,
+                    max_batch_seen: 0,
+                },
+                max_batch,
+                image_token_id: 99,
+            };
+            let mut tokens = 0;
+            let r = e.run(reqs.clone(), &mut |ev| {
+                if let Event::Token { .. } = ev {
+                    tokens += 1
+                }
+            });
+            (r, e.backend.max_batch_seen, tokens)
+        };
+        let (one, seen1, _) = run(1);
+        let (four, seen4, tokens) = run(4);
+        assert_eq!(seen1, 1);
+        assert_eq!(seen4, 4);
+        let ids = |r: &Vec<Result<Generation, String>>| {
+            r.iter()
+                .map(|g| g.as_ref().unwrap().token_ids.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&one), ids(&four));
+        assert_eq!(tokens, ids(&four).iter().map(|v| v.len()).sum::<usize>());
+        for (i, g) in four.iter().enumerate() {
+            assert_eq!(
+                g.as_ref().unwrap().token_ids.len(),
+                3 + i * 2,
+                "request {i} ran to its own max_new_tokens"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_sampling_fails_only_that_request() {
+        let mut bad = req(vec![1, 99, 2], 3, 5);
+        bad.params.top_p = 2.0;
+        let mut e = Engine {
+            backend: SumModel {
+                vocab: 97,
+                max_batch_seen: 0,
+            },
+            max_batch: 2,
+            image_token_id: 99,
+        };
+        let r = e.run(vec![bad, req(vec![1, 99, 3], 3, 5)], &mut |_| {});
+        assert!(r[0].as_ref().unwrap_err().contains("top_p"));
+        assert_eq!(r[1].as_ref().unwrap().token_ids.len(), 3);
+    }
+
+    /// SumModel, but a prompt holding id 66 gets empty logits: the sampler's precondition
+    /// fails (a panic) for that request alone.
+    struct EmptyLogitsFor66(SumModel);
+
+    impl Backend for EmptyLogitsFor66 {
+        type Cache = u64;
+        fn hidden_size(&self) -> usize {
+            1
+        }
+        fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+            self.0.encode_image(p)
+        }
+        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+            self.0.embed(ids)
+        }
+        fn forward(
+            &mut self,
+            e: Array2<f32>,
+            cache: Option<u64>,
+        ) -> Result<(Vec<f32>, u64), BackendError> {
+            let poisoned = cache.is_none() && e.iter().any(|x| *x == 66.0);
+            let (l, c) = self.0.forward(e, cache)?;
+            Ok((if poisoned { Vec::new() } else { l }, c))
+        }
+        fn decode_batch(
+            &mut self,
+            tokens: &[u32],
+            caches: Vec<u64>,
+        ) -> Result<(Vec<Vec<f32>>, Vec<u64>), BackendError> {
+            self.0.decode_batch(tokens, caches)
+        }
+    }
+
+    #[test]
+    fn a_panic_while_sampling_fails_only_that_request() {
+        let mut e = Engine {
+            backend: EmptyLogitsFor66(SumModel {
+                vocab: 97,
+                max_batch_seen: 0,
+            }),
+            max_batch: 3,
+            image_token_id: 99,
+        };
+        let reqs = vec![
+            req(vec![1, 99, 2], 4, 5),
+            req(vec![66, 99, 2], 4, 5),
+            req(vec![1, 99, 3], 4, 5),
+        ];
+        let r = e.run(reqs, &mut |_| {});
+        let err = r[1].as_ref().unwrap_err();
+        assert!(
+            err.contains("internal error while choosing a token"),
+            "{err}"
+        );
+        assert_eq!(r[0].as_ref().unwrap().token_ids.len(), 4);
+        assert_eq!(r[2].as_ref().unwrap().token_ids.len(), 4);
+        // The engine still serves after the panic.
+        let again = e.run(vec![req(vec![1, 99, 2], 4, 5)], &mut |_| {});
+        assert_eq!(
+            again[0].as_ref().unwrap().token_ids,
+            r[0].as_ref().unwrap().token_ids
+        );
+    }
+}
+
+#[cfg(test)]
+mod flow_tests {
+    use super::*;
+
+    /// Next token = (last input + 1) mod vocab; an image contributes its width as a
+    /// feature, so merged image rows are visible in the output.
+    struct Next;
+
+    impl Backend for Next {
+        type Cache = ();
+        fn hidden_size(&self) -> usize {
+            1
+        }
+        fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+            Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
+        }
+        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
+                ids[i] as f32
+            }))
+        }
+        fn forward(
+            &mut self,
+            e: Array2<f32>,
+            _: Option<()>,
+        ) -> Result<(Vec<f32>, ()), BackendError> {
+            let last = e[[e.nrows() - 1, 0]] as usize;
+            let mut l = vec![0.0; 50];
+            l[(last + 1) % 50] = 3.0;
+            Ok((l, ()))
+        }
+    }
+
+    fn engine() -> Engine<Next> {
+        Engine {
+            backend: Next,
+            max_batch: 4,
+            image_token_id: 9,
+        }
+    }
+
+    #[test]
+    fn images_are_merged_in_prompt_order() {
+        let mut r = GenRequest::text(vec![1, 9, 9], 2);
+        r.images = vec![Array4::zeros((1, 3, 1, 20)), Array4::zeros((1, 3, 1, 30))];
+        let out = engine().run(vec![r], &mut |_| {});
+        // The last prompt row is the second image's feature (30) → 31, 32.
+        assert_eq!(out[0].as_ref().unwrap().token_ids, vec![31, 32]);
+        let mut bad = GenRequest::text(vec![1, 9, 9], 2);
+        bad.images = vec![Array4::zeros((1, 3, 1, 20))];
+        let out = engine().run(vec![bad], &mut |_| {});
+        assert!(
+            out[0].as_ref().unwrap_err().contains("2 image tokens"),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn finish_and_cancel_leave_the_batch_and_others_continue() {
+        let mut e = engine();
+        let mut batch = Batch::new();
+        let mut done: Vec<(usize, Result<Generation, String>)> = Vec::new();
+        let mut seen = [0usize; 3];
+        for i in 0..3 {
+            e.admit(
+                &mut batch,
+                i,
+                GenRequest::text(vec![10 * i as u32], 6),
+                &mut |_| Flow::Continue,
+            );
+        }
+        assert_eq!(batch.indices(), vec![0, 1, 2]);
+        while !batch.is_empty() {
+            e.step(&mut batch, &mut |ev| match ev {
+                Event::Token { index, .. } => {
+                    seen[index] += 1;
+                    match (index, seen[index]) {
+                        (0, 2) => Flow::Finish,
+                        (1, 3) => Flow::Cancel,
+                        _ => Flow::Continue,
+                    }
+                }
+                Event::Done { index, result } => {
+                    done.push((index, result.clone()));
+                    Flow::Continue
+                }
+            });
+        }
+        done.sort_by_key(|d| d.0);
+        let g0 = done[0].1.as_ref().unwrap();
+        assert_eq!(g0.token_ids, vec![1, 2]);
+        assert_eq!(g0.finish_reason, FinishReason::Stop);
+        assert_eq!(done[1].1.as_ref().unwrap_err(), "cancelled");
+        let g2 = done[2].1.as_ref().unwrap();
+        assert_eq!(g2.token_ids, vec![21, 22, 23, 24, 25, 26]);
+        assert_eq!(g2.finish_reason, FinishReason::Length);
+    }
+
+    #[test]
+    fn chosen_logprob_is_reported_even_outside_the_top_k() {
+        let mut r = GenRequest::text(vec![4], 1);
+        r.logprobs = true;
+        r.params.temperature = 50.0; // nearly uniform: usually not the argmax
+        r.params.seed = Some(3);
+        let out = engine().run(vec![r], &mut |_| {});
+        let g = out[0].as_ref().unwrap();
+        let mut l = vec![0.0f32; 50];
+        l[5] = 3.0;
+        assert_eq!(g.logprobs.len(), 1);
+        assert!((g.logprobs[0] - logprob_of(&l, g.token_ids[0])).abs() < 1e-6);
+        let z: f64 = l.iter().map(|v| (*v as f64).exp()).sum();
+        assert!((logprob_of(&l, 5) as f64 - (3.0 - z.ln())).abs() < 1e-6);
+    }
+}

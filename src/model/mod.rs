@@ -1,0 +1,6 @@
+//! What the model expects of its inputs, exactly as the reference builds them:
+//! [`preprocess`] (image decoding, Pillow-exact resize, normalisation) and [`prompt`] (chat
+//! template, tokenizer, image-token expansion, streaming detokenisation).
+
+pub mod preprocess;
+pub mod prompt;

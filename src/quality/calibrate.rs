@@ -1,0 +1,106 @@
+//! Activation statistics for AWQ-style INT4 export (`ocrctl export --calibrate DIR`).
+//!
+//! A calibration export (fp32 graphs that expose every Linear's input as a `calib.*`
+//! output) runs the vision encoder and the decoder prefill on each calibration image; the
+//! per-channel mean |x| and mean x² of every Linear input are accumulated here and handed to
+//! the exporter ([`ocrctl_exporters::awq`]). Decode steps are not run: the prefill already
+//! covers the image tokens and the prompt, which dominate a page's activations.
+
+use crate::runtime::backend::Backend;
+use crate::generation::generate::merge_image_features;
+use crate::runtime::ortmodel::OrtModel;
+use crate::model::preprocess::{self, PreprocessConfig};
+use crate::model::prompt::Prompter;
+use ocrctl_exporters::awq::{ActivationStats, ChannelStats};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// File extensions accepted as calibration images.
+pub const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "webp", "tif", "tiff"];
+
+/// Sums per channel: Σ|x|, Σx², rows.
+#[derive(Default)]
+struct Sums {
+    abs: Vec<f64>,
+    sq: Vec<f64>,
+    rows: u64,
+}
+
+/// Images (by extension) directly inside `dir`, sorted.
+pub fn image_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("--calibrate {}: {e}", dir.display()))?;
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+        })
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Runs `model` (a calibration export) over `images` and returns the statistics and the
+/// number of images that could be read. Unreadable images are reported and skipped.
+pub fn collect(
+    model: &mut OrtModel,
+    dir: &Path,
+    images: &[PathBuf],
+) -> anyhow::Result<(ActivationStats, usize)> {
+    let sums: Arc<Mutex<BTreeMap<String, Sums>>> = Arc::default();
+    let sink = sums.clone();
+    model.set_tap(Some(Box::new(move |name, shape, data| {
+        let k = *shape.last().unwrap_or(&1);
+        let mut all = sink.lock().expect("calibration sums");
+        let s = all.entry(name.to_string()).or_default();
+        if s.abs.is_empty() {
+            s.abs = vec![0.0; k];
+            s.sq = vec![0.0; k];
+        }
+        for row in data.chunks_exact(k) {
+            for (c, x) in row.iter().enumerate() {
+                s.abs[c] += x.abs() as f64;
+                s.sq[c] += (*x as f64) * (*x as f64);
+            }
+        }
+        s.rows += (data.len() / k) as u64;
+    })));
+    let cfg = model.manifest.model.clone();
+    let prompter = Prompter::from_model_dir(dir, cfg.image_token_id)?;
+    let pre = PreprocessConfig::for_model(dir, &cfg)?;
+    let mut used = 0;
+    for path in images {
+        let img = match preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("warning: calibration image skipped: {e}");
+                continue;
+            }
+        };
+        let p = preprocess::preprocess(&img, &pre);
+        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let feats = model.encode_image(&p.pixel_values)?;
+        let mut emb = model.embed(&ids)?;
+        merge_image_features(&mut emb, &ids, cfg.image_token_id, &feats)?;
+        model.forward(emb, None)?;
+        used += 1;
+    }
+    model.set_tap(None);
+    let sums = std::mem::take(&mut *sums.lock().expect("calibration sums"));
+    let stats = sums
+        .into_iter()
+        .map(|(name, s)| {
+            let n = s.rows.max(1) as f64;
+            let st = ChannelStats {
+                mean_abs: s.abs.iter().map(|v| (v / n) as f32).collect(),
+                mean_sq: s.sq.iter().map(|v| (v / n) as f32).collect(),
+                rows: s.rows,
+            };
+            (name, st)
+        })
+        .collect();
+    Ok((stats, used))
+}

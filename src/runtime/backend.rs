@@ -1,0 +1,109 @@
+//! The seam between generation logic and a model runtime.
+//!
+//! [`Backend`] is what generation needs from a model: image features, token embeddings
+//! and one decoder step with a cache. [`crate::runtime::ortmodel::OrtModel`] implements it with ONNX
+//! Runtime; tests implement it with small fakes so prompts and decoding logic run without
+//! a model.
+
+use ndarray::{Array2, Array4};
+
+/// Errors from a backend, naming the model part or tensor at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{part}: {message}")]
+    Runtime { part: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl BackendError {
+    /// A runtime failure in `part` (e.g. `decoder_model_merged.onnx`).
+    pub fn runtime(part: &str, e: impl std::fmt::Display) -> BackendError {
+        BackendError::Runtime {
+            part: part.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// What a decode step gives for one sequence: its logits, or only its greedy choice when
+/// the caller said that is all it needs (see [`Backend::decode_batch_select`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepLogits {
+    /// The whole distribution over the vocabulary.
+    Full(Vec<f32>),
+    /// The argmax of the logits (the lowest id on ties).
+    Argmax(u32),
+}
+
+/// Each sequence's logits and extended cache after a decode step, in order.
+pub type BatchLogits<C> = (Vec<Vec<f32>>, Vec<C>);
+
+/// A loaded model that can run one request (batch 1).
+pub trait Backend {
+    /// Per-request decoder state (the KV cache).
+    type Cache;
+
+    /// Hidden size of the decoder (width of embeddings and image features).
+    fn hidden_size(&self) -> usize;
+
+    /// `pixel_values [1, 3, H, W]` → image features `[N, hidden]`.
+    fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError>;
+
+    /// Token ids → embeddings `[S, hidden]`.
+    fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError>;
+
+    /// Runs the decoder on `embeds [S, hidden]` after the tokens held in `cache` (none for
+    /// the prefill). Returns the last position's logits and the extended cache.
+    fn forward(
+        &mut self,
+        embeds: Array2<f32>,
+        cache: Option<Self::Cache>,
+    ) -> Result<(Vec<f32>, Self::Cache), BackendError>;
+
+    /// One decoding step for several sequences at once: `tokens[i]` follows `caches[i]`.
+    /// Returns each sequence's logits and extended cache, in order. The default runs them
+    /// one by one; backends override it with a padded batch.
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<Self::Cache>,
+    ) -> Result<BatchLogits<Self::Cache>, BackendError> {
+        let mut logits = Vec::with_capacity(tokens.len());
+        let mut out = Vec::with_capacity(tokens.len());
+        for (t, c) in tokens.iter().zip(caches) {
+            let e = self.embed(&[*t])?;
+            let (l, c) = self.forward(e, Some(c))?;
+            logits.push(l);
+            out.push(c);
+        }
+        Ok((logits, out))
+    }
+
+    /// Positions one sequence may hold when the backend's cache has a fixed size per
+    /// sequence; `None` when caches grow as needed.
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
+    /// How many more sequences the backend's cache can take now, when it has a fixed number
+    /// (a KV cache allocated once); `None` when caches grow per sequence without a fixed pool.
+    fn free_sequences(&self) -> Option<usize> {
+        None
+    }
+
+    /// [`Backend::decode_batch`], where rows with `argmax_only[i]` (greedy, no penalty, no
+    /// log-probabilities) may come back as [`StepLogits::Argmax`]: a backend that picks the
+    /// token on the device then moves only its id to the host. The default returns full
+    /// logits for every row.
+    fn decode_batch_select(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<Self::Cache>,
+        argmax_only: &[bool],
+    ) -> Result<(Vec<StepLogits>, Vec<Self::Cache>), BackendError> {
+        let _ = argmax_only;
+        let (logits, caches) = self.decode_batch(tokens, caches)?;
+        Ok((logits.into_iter().map(StepLogits::Full).collect(), caches))
+    }
+}

@@ -1,0 +1,448 @@
+//! The `decoder_gqa` path: a KV cache the model owns, allocated once per load and updated in
+//! place, one slot per sequence.
+//!
+//! Every `past_key_values.*` input of the GQA decoder (see `ocrctl_exporters::decoder_gqa`)
+//! is one buffer `[slots, kv_heads, max_seq, head_dim]` in the decoder provider's memory (GPU
+//! memory on CUDA). A sequence owns a slot from its prefill until its cache is dropped; its
+//! positions `0..len` live in rows `0..len` of the slot. A run binds, for slots
+//! `first..first + rows`, a view of every buffer as both the past input and the present
+//! output, so GroupQueryAttention writes the new keys and values in place: nothing is
+//! concatenated, copied or repacked when sequences join or leave, and only token ids go in
+//! and logits come out.
+//!
+//! - Prefill (and any run of S > 1 tokens) is a B = 1 run on the sequence's own slot.
+//! - A decode step runs slots `0..=highest` at once; slots that are not in the step (free
+//!   ones, or sequences the caller left out) get a dummy token written at their next free
+//!   row, which their own next run overwrites before anything reads it. Free slots are handed
+//!   out lowest first, so the active slots stay packed at the front.
+//!
+//! ort's `IoBinding::bind_input` copies a tensor made over borrowed memory before binding it
+//! (a safety net for host arrays); for these views that copy would be the whole cache, so the
+//! inputs are bound with ONNX Runtime's C `BindInput` directly ([`bind_input_in_place`]).
+
+use crate::runtime::backend::{BackendError, StepLogits};
+use half::f16;
+use ocrctl_exporters::graph::DType;
+use ort::memory::{Allocator, MemoryInfo};
+use ort::session::{IoBinding, Session};
+use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut};
+use ort::AsPointer;
+use std::sync::{Arc, Mutex};
+
+const PART: &str = "decoder_model_gqa";
+
+/// Which slots are taken; shared with the caches so that dropping one frees its slot.
+type Taken = Arc<Mutex<Vec<bool>>>;
+
+/// A sequence's hold on a cache slot; the slot is free again when this is dropped.
+#[derive(Debug)]
+pub struct Slot {
+    pub(super) index: usize,
+    taken: Taken,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut t = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        t[self.index] = false;
+    }
+}
+
+/// The slot pool and its buffers.
+pub(super) struct GqaCache {
+    buffers: Vec<DynTensor>,
+    /// Bytes of one slot in one buffer.
+    slot_bytes: usize,
+    elem: DType,
+    kv_heads: usize,
+    head_dim: usize,
+    pub slots: usize,
+    pub max_seq: usize,
+    kv_mem: MemoryInfo<'static>,
+    taken: Taken,
+    /// Current length of each slot's sequence (0 when free).
+    lens: Vec<usize>,
+    past_names: Vec<std::ffi::CString>,
+    present_names: Vec<String>,
+    /// Whether the graph has the `next_token` (argmax) output.
+    has_next_token: bool,
+}
+
+impl GqaCache {
+    /// Allocates `tensors` buffers of `slots × max_seq` positions with `decoder`'s allocator
+    /// for `kv_mem`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        decoder: &Session,
+        kv_mem: MemoryInfo<'static>,
+        elem: DType,
+        kv_heads: usize,
+        head_dim: usize,
+        slots: usize,
+        max_seq: usize,
+        layers: usize,
+    ) -> Result<GqaCache, BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(PART, e);
+        let alloc = Allocator::new(decoder, kv_mem.clone()).map_err(rt)?;
+        let ty = match elem {
+            DType::F16 => TensorElementType::Float16,
+            _ => TensorElementType::Float32,
+        };
+        let shape = [
+            slots as i64,
+            kv_heads as i64,
+            max_seq as i64,
+            head_dim as i64,
+        ];
+        let mut buffers = Vec::with_capacity(2 * layers);
+        for _ in 0..2 * layers {
+            buffers.push(DynTensor::new(&alloc, ty, shape).map_err(|e| {
+                BackendError::runtime(
+                    PART,
+                    format!(
+                        "allocating the KV cache ({slots} sequences x {max_seq} positions): {e}"
+                    ),
+                )
+            })?);
+        }
+        let elem_bytes = if elem == DType::F16 { 2 } else { 4 };
+        let names = |prefix: &str| -> Vec<String> {
+            (0..layers)
+                .flat_map(|i| ["key", "value"].map(|k| format!("{prefix}.{i}.{k}")))
+                .collect()
+        };
+        Ok(GqaCache {
+            buffers,
+            slot_bytes: kv_heads * max_seq * head_dim * elem_bytes,
+            elem,
+            kv_heads,
+            head_dim,
+            slots,
+            max_seq,
+            kv_mem,
+            taken: Arc::new(Mutex::new(vec![false; slots])),
+            lens: vec![0; slots],
+            past_names: names("past_key_values")
+                .into_iter()
+                .map(|n| std::ffi::CString::new(n).expect("no NUL"))
+                .collect(),
+            present_names: names("present"),
+            has_next_token: decoder.outputs().iter().any(|o| o.name() == "next_token"),
+        })
+    }
+
+    /// Bytes the buffers take.
+    pub fn bytes(&self) -> usize {
+        self.buffers.len() * self.slots * self.slot_bytes
+    }
+
+    /// Takes the lowest free slot (its length is 0).
+    pub fn take(&mut self) -> Result<Slot, BackendError> {
+        let mut t = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        let index = t.iter().position(|x| !x).ok_or_else(|| {
+            BackendError::Invalid(format!(
+                "all {} KV cache slots are in use (the cache was sized for --batch-size {})",
+                self.slots, self.slots
+            ))
+        })?;
+        t[index] = true;
+        self.lens[index] = 0;
+        Ok(Slot {
+            index,
+            taken: self.taken.clone(),
+        })
+    }
+
+    /// Slots not taken.
+    pub fn free(&self) -> usize {
+        self.taken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|t| !**t)
+            .count()
+    }
+
+    /// Whether slot `i` is taken.
+    fn is_taken(&self, i: usize) -> bool {
+        self.taken.lock().unwrap_or_else(|e| e.into_inner())[i]
+    }
+
+    /// Checks that `len` positions fit a slot.
+    pub fn check_fits(&self, len: usize) -> Result<(), BackendError> {
+        if len > self.max_seq {
+            return Err(BackendError::Invalid(format!(
+                "the sequence needs {len} positions; the KV cache holds {} per sequence \
+                 (the profile's max_sequence_length)",
+                self.max_seq
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs the decoder on `embeds [rows, S, hidden]` for slots `first..first + rows`, whose
+    /// lengths before the run are `lens` (S new positions each). Returns, for the rows in
+    /// `want` (index into the run's rows, whether its full logits are needed), in that order,
+    /// their logits or only their argmax, and the nanoseconds of the run and of reading the
+    /// results. When no row needs its logits they stay in device memory.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &mut self,
+        decoder: &mut Session,
+        host: &MemoryInfo<'static>,
+        first: usize,
+        embeds: DynTensor,
+        lens: &[usize],
+        s: usize,
+        want: &[(usize, bool)],
+    ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
+        match self.elem {
+            DType::F16 => self.run_typed::<f16>(decoder, host, first, embeds, lens, s, want),
+            _ => self.run_typed::<f32>(decoder, host, first, embeds, lens, s, want),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_typed<T: PrimitiveTensorElementType + std::fmt::Debug + 'static>(
+        &mut self,
+        decoder: &mut Session,
+        host: &MemoryInfo<'static>,
+        first: usize,
+        embeds: DynTensor,
+        lens: &[usize],
+        s: usize,
+        want: &[(usize, bool)],
+    ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(PART, e);
+        let rows = lens.len();
+        assert!(
+            first + rows <= self.slots,
+            "slots {first}+{rows} of {}",
+            self.slots
+        );
+        for l in lens {
+            self.check_fits(l + s)?;
+        }
+        // GQA's contract: seqlens_k is each row's total length minus one, the total is the
+        // largest total length (read on the host).
+        let seqlens: Vec<i32> = lens.iter().map(|l| (l + s - 1) as i32).collect();
+        let total = lens.iter().map(|l| l + s).max().unwrap_or(s) as i32;
+        let seqlens = Tensor::from_array(([rows], seqlens)).map_err(rt)?;
+        let total = Tensor::from_array((Vec::<i64>::new(), vec![total])).map_err(rt)?;
+        let mut b = decoder.create_binding().map_err(rt)?;
+        b.bind_input("inputs_embeds", &embeds).map_err(rt)?;
+        b.bind_input("seqlens_k", &seqlens).map_err(rt)?;
+        b.bind_input("total_sequence_length", &total).map_err(rt)?;
+        let shape = [
+            rows as i64,
+            self.kv_heads as i64,
+            self.max_seq as i64,
+            self.head_dim as i64,
+        ];
+        let mut views = Vec::with_capacity(self.buffers.len());
+        for (j, buf) in self.buffers.iter_mut().enumerate() {
+            let base = buf.data_ptr_mut().cast::<u8>();
+            // SAFETY: slots first..first+rows lie inside the buffer (asserted above), which
+            // outlives the binding and the run; the views are dropped before this returns.
+            let ptr = unsafe { base.add(first * self.slot_bytes) }.cast();
+            let input =
+                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
+                    .map_err(rt)?;
+            let output =
+                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
+                    .map_err(rt)?;
+            bind_input_in_place(&mut b, &self.past_names[j], &input)?;
+            b.bind_output(self.present_names[j].as_str(), output)
+                .map_err(rt)?;
+            views.push(input);
+        }
+        let full = !self.has_next_token || want.iter().any(|(_, f)| *f);
+        let logits_mem = if full { host } else { &self.kv_mem };
+        b.bind_output_to_device("logits", logits_mem).map_err(rt)?;
+        if self.has_next_token {
+            b.bind_output_to_device("next_token", host).map_err(rt)?;
+        }
+        b.synchronize_inputs().map_err(rt)?;
+        let t = std::time::Instant::now();
+        let mut out = decoder.run_binding(&b).map_err(rt)?;
+        let run_ns = t.elapsed().as_nanos() as u64;
+        let t = std::time::Instant::now();
+        let next = match out.remove("next_token") {
+            Some(v) => v
+                .try_extract_tensor::<i64>()
+                .map_err(|e| BackendError::runtime(PART, e))?
+                .1
+                .to_vec(),
+            None => Vec::new(),
+        };
+        let logits = out
+            .remove("logits")
+            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
+        // One copy of just the rows that need their logits (the graph's are float32).
+        let data = if full {
+            Some(
+                logits
+                    .try_extract_tensor::<f32>()
+                    .map_err(|e| BackendError::runtime(PART, e))?,
+            )
+        } else {
+            None
+        };
+        let rows_out = want
+            .iter()
+            .map(|&(r, need)| match &data {
+                Some((shape, d)) if need || next.is_empty() => {
+                    let vocab = shape[2] as usize;
+                    StepLogits::Full(d[r * vocab..(r + 1) * vocab].to_vec())
+                }
+                _ => StepLogits::Argmax(next[r] as u32),
+            })
+            .collect();
+        let read_ns = t.elapsed().as_nanos() as u64;
+        drop(out);
+        drop(b);
+        drop(views);
+        Ok((rows_out, run_ns, read_ns))
+    }
+
+    /// Lengths of slots `0..rows` for a decode step: `step` holds (slot, length) of the
+    /// sequences in the step; every other slot keeps its recorded length (0 when free).
+    pub fn step_lens(&self, step: &[(usize, usize)]) -> Vec<usize> {
+        let rows = step.iter().map(|(s, _)| s + 1).max().unwrap_or(0);
+        (0..rows)
+            .map(|i| match step.iter().find(|(s, _)| *s == i) {
+                Some((_, l)) => *l,
+                None if self.is_taken(i) => self.lens[i],
+                None => 0,
+            })
+            .collect()
+    }
+
+    /// Records that slot `i` now holds `len` positions.
+    pub fn set_len(&mut self, i: usize, len: usize) {
+        self.lens[i] = len;
+    }
+}
+
+/// Binds `value` as input `name` of `b` as is (no copy; see the module documentation).
+fn bind_input_in_place<T: PrimitiveTensorElementType + std::fmt::Debug>(
+    b: &mut IoBinding,
+    name: &std::ffi::CStr,
+    value: &TensorRefMut<'_, T>,
+) -> Result<(), BackendError> {
+    let api = ort::api();
+    // SAFETY: both pointers come from live ort objects; ONNX Runtime copies the OrtValue
+    // handle (which refers to the caller's memory) into the binding.
+    let status = unsafe { (api.BindInput)(b.ptr_mut(), name.as_ptr(), value.ptr()) };
+    if status.0.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null status is an OrtStatus we own and must release.
+    let msg = unsafe {
+        let m = std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.0))
+            .to_string_lossy()
+            .into_owned();
+        (api.ReleaseStatus)(status.0);
+        m
+    };
+    Err(BackendError::runtime(
+        PART,
+        format!("binding {}: {msg}", name.to_string_lossy()),
+    ))
+}
+
+impl super::OrtModel {
+    /// [`crate::runtime::backend::Backend::forward`] on the GQA path: `embeds [S, hidden]` after the
+    /// sequence's cached positions (a new slot for a prefill), as one B = 1 run.
+    pub(super) fn gqa_forward(
+        &mut self,
+        embeds: ndarray::Array2<f32>,
+        cache: Option<super::OrtCache>,
+    ) -> Result<(Vec<f32>, super::OrtCache), BackendError> {
+        let (s, d) = (embeds.nrows(), embeds.ncols());
+        let g = self.gqa.as_mut().expect("the GQA path has its cache");
+        let mut cache = match cache {
+            Some(c) => c,
+            None => super::OrtCache::in_slot(g.take()?),
+        };
+        let slot = slot_of(&cache)?;
+        let data: Vec<f32> = embeds.into_iter().collect();
+        let e = super::tensors::float_tensor(self.act, vec![1, s as i64, d as i64], data, PART)?;
+        let (mut logits, _, _) = g.run(
+            &mut self.decoder,
+            &self.placement.host,
+            slot,
+            e,
+            &[cache.len],
+            s,
+            &[(0, true)],
+        )?;
+        cache.len += s;
+        g.set_len(slot, cache.len);
+        self.stats.bound_runs += 1;
+        match logits.pop() {
+            Some(StepLogits::Full(l)) => Ok((l, cache)),
+            _ => Err(BackendError::runtime(PART, "no logits for the run's row")),
+        }
+    }
+
+    /// [`crate::runtime::backend::Backend::decode_batch_select`] on the GQA path: one run over slots
+    /// `0..=highest` of the step's sequences; rows with `argmax_only` get the device's argmax.
+    pub(super) fn gqa_decode_batch(
+        &mut self,
+        tokens: &[u32],
+        mut caches: Vec<super::OrtCache>,
+        argmax_only: &[bool],
+    ) -> Result<(Vec<StepLogits>, Vec<super::OrtCache>), BackendError> {
+        let step = caches
+            .iter()
+            .map(|c| Ok((slot_of(c)?, c.len)))
+            .collect::<Result<Vec<_>, BackendError>>()?;
+        let g = self.gqa.as_ref().expect("the GQA path has its cache");
+        let mut lens = g.step_lens(&step);
+        // Rows outside the step write a dummy position; keep it inside the cache.
+        for (i, l) in lens.iter_mut().enumerate() {
+            if !step.iter().any(|(s, _)| *s == i) {
+                *l = (*l).min(g.max_seq.saturating_sub(1));
+            }
+        }
+        let mut ids = vec![0u32; lens.len()];
+        for ((slot, _), t) in step.iter().zip(tokens) {
+            ids[*slot] = *t;
+        }
+        let t = std::time::Instant::now();
+        let embeds = self.embed_ids(vec![ids.len() as i64, 1], &ids)?;
+        self.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
+        let g = self.gqa.as_mut().expect("the GQA path has its cache");
+        let want: Vec<(usize, bool)> = step
+            .iter()
+            .enumerate()
+            .map(|(i, (slot, _))| (*slot, !argmax_only.get(i).copied().unwrap_or(false)))
+            .collect();
+        let (out, run_ns, read_ns) = g.run(
+            &mut self.decoder,
+            &self.placement.host,
+            0,
+            embeds,
+            &lens,
+            1,
+            &want,
+        )?;
+        for (c, (slot, len)) in caches.iter_mut().zip(&step) {
+            c.len = len + 1;
+            g.set_len(*slot, c.len);
+        }
+        self.stats.bound_runs += 1;
+        self.stats.step_run_ns += run_ns;
+        self.stats.step_logits_ns += read_ns;
+        Ok((out, caches))
+    }
+}
+
+fn slot_of(c: &super::OrtCache) -> Result<usize, BackendError> {
+    c.slot.as_ref().map(|s| s.index).ok_or_else(|| {
+        BackendError::Invalid(
+            "a KV cache made by the merged decoder reached the GQA decoder".into(),
+        )
+    })
+}

@@ -1,0 +1,538 @@
+//! [`OrtModel`]: an exported model directory run with ONNX Runtime.
+//!
+//! Loads `onnx/{vision_encoder,embed_tokens,decoder_model_merged}{suffix}.onnx` named by
+//! the export's `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return
+//! float16 tensors; conversion happens here so generation always sees float32.
+//!
+//! Submodules: `session` (sessions with provider fallback), `tensors` (value helpers),
+//! `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack` (the same
+//! repacking in the execution provider's memory with a small ONNX graph), `batch` (decoder
+//! inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
+//! execution provider's memory with IoBinding, see [`KvPath`]).
+
+mod batch;
+mod binding;
+mod gqa;
+mod kv;
+mod repack;
+mod session;
+mod tensors;
+
+pub use binding::{KvPath, KvStats};
+pub use kv::OrtCache;
+
+use crate::runtime::backend::{Backend, BackendError, StepLogits};
+use crate::runtime::providers::{Provider, ProviderConfig};
+use binding::Placement;
+use kv::{BatchKv, KvDims};
+use ndarray::{Array2, Array4};
+use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
+use ocrctl_exporters::graph::DType;
+use ort::session::{Session, SessionInputValue};
+use ort::value::DynTensor;
+use repack::Repacker;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use tensors::{as_tensor, float_tensor, i64_tensor, read_f};
+
+/// Options for loading a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub precision: Precision,
+    /// Intra-op threads (0 = ONNX Runtime's default).
+    pub threads: usize,
+    /// Explicit ONNX Runtime library path.
+    pub ort_lib: Option<PathBuf>,
+    /// `session.qdq_matmulnbits_accuracy_level` for INT4 QDQ graphs on the CPU (0: float
+    /// compute, 4: int8 activations, ONNX Runtime's default).
+    pub accuracy_level: u8,
+    /// Execution providers to use, in order (default: CPU only).
+    pub providers: ProviderConfig,
+    /// Check the files this load reads against the export's sha256 digests first.
+    pub verify: bool,
+    /// Decoder graph to run; `None` takes `gqa` when the export has it, else `merged`.
+    pub decoder: Option<DecoderVariant>,
+    /// Sequences the GQA decoder's KV cache holds at once (the batch size).
+    pub kv_slots: usize,
+    /// Positions per sequence in the GQA decoder's KV cache; 0 = the model's
+    /// `max_position_embeddings`, at most 8192.
+    pub max_sequence_length: usize,
+}
+
+impl LoadOptions {
+    /// CPU defaults for `precision`.
+    pub fn new(precision: Precision) -> LoadOptions {
+        LoadOptions {
+            precision,
+            threads: 0,
+            ort_lib: None,
+            accuracy_level: 4,
+            providers: ProviderConfig::default(),
+            verify: true,
+            decoder: None,
+            kv_slots: 1,
+            max_sequence_length: 0,
+        }
+    }
+}
+
+/// Errors loading an export.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Manifest(#[from] ocrctl_exporters::ExportError),
+    #[error(transparent)]
+    OrtLib(#[from] crate::runtime::ortlib::OrtLibError),
+    #[error("{dir}: precision {precision} was not exported (available: {available})")]
+    NoPrecision {
+        dir: PathBuf,
+        precision: String,
+        available: String,
+    },
+    #[error("{path}: {message}")]
+    Session { path: PathBuf, message: String },
+}
+
+/// The three sessions of an export plus what generation needs to know about them.
+pub struct OrtModel {
+    pub manifest: Manifest,
+    pub dir: PathBuf,
+    act: DType,
+    vision: Session,
+    embed: Session,
+    decoder: Session,
+    /// The decoder session's main execution provider.
+    provider: Provider,
+    placement: Placement,
+    /// Repacks in the decoder's memory (`None` if its session could not be made or failed).
+    repacker: Option<Repacker>,
+    kv_path: KvPath,
+    stats: KvStats,
+    /// Whether presents were found outside the memory they were bound to (logged once).
+    warned_placement: bool,
+    past_names: Vec<String>,
+    present_names: Vec<String>,
+    dims: KvDims,
+    hidden: usize,
+    tap: Option<Tap>,
+    batch: Option<BatchKv>,
+    /// The GQA decoder's KV cache (`decoder` is then the `decoder_gqa` graph).
+    gqa: Option<gqa::GqaCache>,
+}
+
+/// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
+/// (after its optimisations and fusions) to `optimized`. Used to inspect fusions such as
+/// DequantizeLinear + MatMul → MatMulNBits.
+pub fn write_optimized_graph(
+    model: &Path,
+    optimized: &Path,
+    opts: &LoadOptions,
+) -> Result<(), LoadError> {
+    let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
+    session::build(&env, model, opts, Some(optimized)).map(|_| ())
+}
+
+/// Checks the files a load of `precision` reads (all but other precisions' graphs) against
+/// the digests in the manifest, and says how long it took.
+fn verify_files(
+    dir: &Path,
+    manifest: &Manifest,
+    precision: Precision,
+    decoder: DecoderVariant,
+) -> Result<(), LoadError> {
+    if manifest.files.is_empty() {
+        eprintln!(
+            "ocrctl: {} records no file digests (exported by an older ocrctl); not verified",
+            dir.join(MANIFEST_NAME).display()
+        );
+        return Ok(());
+    }
+    let others: std::collections::HashSet<String> = manifest
+        .graphs
+        .iter()
+        .flat_map(|(p, parts)| {
+            parts.iter().filter_map(move |(part, g)| {
+                let unused_decoder = [DecoderVariant::Merged, DecoderVariant::Gqa]
+                    .iter()
+                    .any(|v| *v != decoder && v.part() == part);
+                (*p != precision || unused_decoder).then_some(g)
+            })
+        })
+        .flat_map(|g| std::iter::once(&g.file).chain(g.data_file.as_ref()))
+        .map(|f| format!("onnx/{f}"))
+        .collect();
+    let r = ocrctl_exporters::verify::verify(dir, &manifest.files, |n| !others.contains(n))?;
+    eprintln!(
+        "ocrctl: verified {} files ({:.1} MiB) in {:.2} s (--no-verify skips this)",
+        r.files,
+        r.bytes as f64 / (1024.0 * 1024.0),
+        r.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `past_key_values.{i}.key|value` or `present.{i}.key|value` in layer order.
+fn kv_names(prefix: &str, layers: usize) -> Vec<String> {
+    (0..layers)
+        .flat_map(|i| ["key", "value"].map(|k| format!("{prefix}.{i}.{k}")))
+        .collect()
+}
+
+impl OrtModel {
+    /// Loads the export in `dir` with the given precision.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
+        let manifest = Manifest::load(dir)?;
+        let graphs =
+            manifest
+                .graphs
+                .get(&opts.precision)
+                .ok_or_else(|| LoadError::NoPrecision {
+                    dir: dir.to_path_buf(),
+                    precision: opts.precision.name().into(),
+                    available: manifest
+                        .precisions
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+        let variant = match opts.decoder {
+            Some(v) if !graphs.contains_key(v.part()) => {
+                return Err(LoadError::Session {
+                    path: dir.join(MANIFEST_NAME),
+                    message: format!(
+                        "the {} decoder was not exported for {} (export with --decoder {})",
+                        v.part(),
+                        opts.precision.name(),
+                        match v {
+                            DecoderVariant::Gqa => "gqa",
+                            DecoderVariant::Merged => "merged",
+                        }
+                    ),
+                })
+            }
+            Some(v) => v,
+            None if graphs.contains_key(DecoderVariant::Gqa.part()) => DecoderVariant::Gqa,
+            None => DecoderVariant::Merged,
+        };
+        if opts.verify {
+            verify_files(dir, &manifest, opts.precision, variant)?;
+        }
+        let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
+        match crate::runtime::providers::usable(&opts.providers) {
+            Ok((_, notes)) => notes.iter().for_each(|n| eprintln!("ocrctl: {n}")),
+            Err(e) => {
+                return Err(LoadError::Session {
+                    path: dir.to_path_buf(),
+                    message: e.to_string(),
+                })
+            }
+        }
+        let path_of = |part: &str| -> Result<PathBuf, LoadError> {
+            let g = graphs.get(part).ok_or_else(|| LoadError::Session {
+                path: dir.join(MANIFEST_NAME),
+                message: format!("manifest lists no `{part}` graph"),
+            })?;
+            Ok(dir.join("onnx").join(&g.file))
+        };
+        let t = &manifest.model.text;
+        let decoder_path = path_of(variant.part())?;
+        let vision = session::build(&env, &path_of("vision_encoder")?, opts, None)?.session;
+        let embed = session::build(&env, &path_of("embed_tokens")?, opts, None)?.session;
+        let decoder = session::build(&env, &decoder_path, opts, None)?;
+        let placement = Placement::for_provider(decoder.provider, opts.providers.device_id)
+            .map_err(|e| LoadError::Session {
+                path: decoder_path.clone(),
+                message: e.to_string(),
+            })?;
+        let act = opts.precision.dtype();
+        // The GQA decoder never repacks: its cache is updated in place.
+        let repacker = if variant == DecoderVariant::Gqa {
+            None
+        } else {
+            match Repacker::new(
+                &env,
+                decoder.provider,
+                opts.providers.device_id,
+                act,
+                &placement.kv,
+                &decoder.session,
+            ) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    eprintln!("ocrctl: KV repack graph unavailable ({e}); batch caches are repacked through host memory");
+                    None
+                }
+            }
+        };
+        let gqa = match variant {
+            DecoderVariant::Merged => None,
+            DecoderVariant::Gqa => {
+                let max_pos = t.max_position_embeddings.max(1);
+                let max_seq = match opts.max_sequence_length {
+                    0 => max_pos.min(8192),
+                    n => n.min(max_pos),
+                };
+                let cache = gqa::GqaCache::new(
+                    &decoder.session,
+                    placement.kv.clone(),
+                    act,
+                    t.num_kv_heads,
+                    t.head_dim,
+                    opts.kv_slots.max(1),
+                    max_seq,
+                    t.num_layers,
+                )
+                .map_err(|e| LoadError::Session {
+                    path: decoder_path.clone(),
+                    message: e.to_string(),
+                })?;
+                eprintln!(
+                    "ocrctl: GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB) in {} memory",
+                    cache.slots,
+                    cache.max_seq,
+                    cache.bytes() as f64 / (1u64 << 30) as f64,
+                    placement.kv.allocation_device().as_str()
+                );
+                Some(cache)
+            }
+        };
+        let gqa_location = gqa.as_ref().map(|_| {
+            format!(
+                "{}:{}",
+                placement.kv.allocation_device().as_str(),
+                placement.kv.device_id()
+            )
+        });
+        Ok(OrtModel {
+            gqa,
+            act,
+            vision,
+            embed,
+            decoder: decoder.session,
+            provider: decoder.provider,
+            placement,
+            repacker,
+            kv_path: KvPath::Bound,
+            stats: KvStats {
+                // The GQA cache lives where it was allocated, from the first run on.
+                kv_location: gqa_location,
+                ..KvStats::default()
+            },
+            warned_placement: false,
+            past_names: kv_names("past_key_values", t.num_layers),
+            present_names: kv_names("present", t.num_layers),
+            dims: KvDims {
+                kv_heads: t.num_kv_heads,
+                head_dim: t.head_dim,
+                tensors: 2 * t.num_layers,
+            },
+            hidden: t.hidden_size,
+            tap: None,
+            batch: None,
+            dir: dir.to_path_buf(),
+            manifest,
+        })
+    }
+
+    /// The decoder graph this model runs.
+    pub fn decoder_variant(&self) -> DecoderVariant {
+        if self.gqa.is_some() {
+            DecoderVariant::Gqa
+        } else {
+            DecoderVariant::Merged
+        }
+    }
+
+    /// Sequences and positions per sequence of the GQA decoder's KV cache (`None` on the
+    /// merged decoder, whose caches grow with each sequence).
+    pub fn kv_capacity(&self) -> Option<(usize, usize)> {
+        self.gqa.as_ref().map(|g| (g.slots, g.max_seq))
+    }
+
+    /// The execution provider the decoder session got (after any fallback).
+    pub fn decoder_provider(&self) -> Provider {
+        self.provider
+    }
+
+    /// How decoder runs move the KV cache (after any fallback).
+    pub fn kv_path(&self) -> KvPath {
+        self.kv_path
+    }
+
+    /// Chooses how later decoder runs move the KV cache. Caches made on either path stay
+    /// valid on the other.
+    pub fn set_kv_path(&mut self, path: KvPath) {
+        self.kv_path = path;
+    }
+
+    /// Counters of the decoder runs so far.
+    pub fn kv_stats(&self) -> &KvStats {
+        &self.stats
+    }
+}
+
+/// Receives calibration outputs: weight name, shape and values.
+pub type Tap = Box<dyn FnMut(&str, &[usize], &[f32]) + Send>;
+
+impl OrtModel {
+    /// Sends every `calib.*` output of later runs (calibration exports only) to `tap`.
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        self.tap = tap;
+    }
+}
+
+fn tap_outputs(
+    tap: &mut Option<Tap>,
+    out: &ort::session::SessionOutputs<'_>,
+    part: &str,
+) -> Result<(), BackendError> {
+    if let Some(tap) = tap.as_mut() {
+        for (name, v) in out.iter() {
+            if let Some(weight) = name.strip_prefix(ocrctl_exporters::layers::CALIB_PREFIX) {
+                let (shape, data) = read_f(&v, part)?;
+                tap(weight, &shape, &data);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Name of the manifest inside an export (re-exported for error messages).
+pub const MANIFEST_NAME: &str = ocrctl_exporters::export::MANIFEST;
+
+impl Backend for OrtModel {
+    type Cache = OrtCache;
+
+    fn hidden_size(&self) -> usize {
+        self.hidden
+    }
+
+    fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+        const PART: &str = "vision_encoder";
+        let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
+        let data: Vec<f32> = pixel_values.iter().copied().collect();
+        let input = float_tensor(self.act, shape, data, PART)?;
+        let mut out = self
+            .vision
+            .run(vec![(
+                Cow::from("pixel_values"),
+                SessionInputValue::from(input),
+            )])
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        tap_outputs(&mut self.tap, &out, PART)?;
+        let v = out
+            .remove("image_features")
+            .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
+        let (shape, data) = read_f(&v, PART)?;
+        Array2::from_shape_vec((shape[0], shape[1]), data)
+            .map_err(|e| BackendError::runtime(PART, e))
+    }
+
+    fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+        const PART: &str = "embed_tokens";
+        let v = self.embed_ids(vec![1, ids.len() as i64], ids)?;
+        let (shape, data) = read_f(&v, PART)?;
+        Array2::from_shape_vec((shape[1], shape[2]), data)
+            .map_err(|e| BackendError::runtime(PART, e))
+    }
+
+    fn forward(
+        &mut self,
+        embeds: Array2<f32>,
+        cache: Option<OrtCache>,
+    ) -> Result<(Vec<f32>, OrtCache), BackendError> {
+        if self.gqa.is_some() {
+            return self.gqa_forward(embeds, cache);
+        }
+        const PART: &str = "decoder_model_merged";
+        let (s, d) = (embeds.nrows(), embeds.ncols());
+        let past = cache.as_ref().map_or(0, |c| c.len);
+        let data: Vec<f32> = embeds.into_iter().collect();
+        let embeds = float_tensor(self.act, vec![1, s as i64, d as i64], data, PART)?;
+        let kv = match cache {
+            Some(c) => self.own_kv(c)?,
+            None => {
+                let (kvh, hd) = (self.dims.kv_heads as i64, self.dims.head_dim as i64);
+                (0..self.dims.tensors)
+                    .map(|_| float_tensor(self.act, vec![1, kvh, 0, hd], Vec::new(), PART))
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        let inputs = self.decoder_inputs(embeds, vec![1; past + s], 1, vec![past], s, kv)?;
+        let (mut logits, kv) = self.run_decoder(inputs)?;
+        let last = logits.pop().expect("one row of logits");
+        Ok((last, OrtCache::own(kv, past + s)))
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        self.gqa.as_ref().map(|g| g.max_seq)
+    }
+
+    fn free_sequences(&self) -> Option<usize> {
+        self.gqa.as_ref().map(|g| g.free())
+    }
+
+    fn decode_batch_select(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<OrtCache>,
+        argmax_only: &[bool],
+    ) -> Result<(Vec<StepLogits>, Vec<OrtCache>), BackendError> {
+        if self.gqa.is_some() {
+            return self.gqa_decode_batch(tokens, caches, argmax_only);
+        }
+        let (logits, caches) = self.decode_batch(tokens, caches)?;
+        Ok((logits.into_iter().map(StepLogits::Full).collect(), caches))
+    }
+
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<OrtCache>,
+    ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
+        if self.gqa.is_some() {
+            let (rows, caches) = self.gqa_decode_batch(tokens, caches, &[])?;
+            let logits = rows
+                .into_iter()
+                .map(|r| match r {
+                    StepLogits::Full(l) => l,
+                    StepLogits::Argmax(_) => unreachable!("full logits were asked for"),
+                })
+                .collect();
+            return Ok((logits, caches));
+        }
+        if tokens.len() == 1 && caches.len() == 1 {
+            // A batch of one needs no padding: feed its cache back as is. The batch cache,
+            // if any, held only sequences that are gone now: free it.
+            let c = caches.into_iter().next().expect("one cache");
+            let (id, len) = (c.id, c.len);
+            let kv = Some(self.own_kv(c)?);
+            self.batch = None;
+            let e = self.embed(tokens)?;
+            let slot = None;
+            let (l, c) = self.forward(e, Some(OrtCache { id, kv, len, slot }))?;
+            return Ok((vec![l], vec![c]));
+        }
+        self.decode_batch_padded(tokens, caches)
+    }
+}
+
+impl OrtModel {
+    /// Embeddings of `ids` shaped `shape` (`[B, S]`) as a value of the graph's dtype.
+    fn embed_ids(&mut self, shape: Vec<i64>, ids: &[u32]) -> Result<DynTensor, BackendError> {
+        const PART: &str = "embed_tokens";
+        let ids = i64_tensor(shape, ids.iter().map(|t| *t as i64).collect(), PART)?;
+        let mut out = self
+            .embed
+            .run(vec![(Cow::from("input_ids"), SessionInputValue::from(ids))])
+            .map_err(|e| BackendError::runtime(PART, e))?;
+        let v = out
+            .remove("inputs_embeds")
+            .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
+        as_tensor(v, PART)
+    }
+}
+
+#[cfg(test)]
+mod tests;

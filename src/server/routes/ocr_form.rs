@@ -1,0 +1,212 @@
+//! `POST /v1/ocr`: a multipart upload (an image or a PDF and optional sampling fields) to
+//! markdown, JSON pages or a text stream.
+
+use super::*;
+
+/// Query of `/v1/ocr`.
+#[derive(Debug, serde::Deserialize, Default)]
+pub struct OcrQuery {
+    /// `markdown` (default) or `json`.
+    format: Option<String>,
+    /// Stream the markdown as it is generated (chunked `text/markdown`).
+    #[serde(default)]
+    stream: bool,
+}
+
+pub(crate) fn field_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ApiError> {
+    v.trim()
+        .parse()
+        .map_err(|_| ApiError::bad(name, format!("{name} must be a number, got {v:?}")))
+}
+
+/// `POST /v1/ocr`: multipart with a `file` (image or PDF) and optional `max_tokens`,
+/// `temperature`, `top_p`, `top_k`, `repetition_penalty`, `seed`, `prompt` fields.
+pub async fn ocr(
+    State(st): St,
+    Query(q): Query<OcrQuery>,
+    mp: Result<Multipart, MultipartRejection>,
+) -> Result<Response, ApiError> {
+    let accepted = Instant::now();
+    let mut mp = mp.map_err(|e| {
+        ApiError::invalid(format!(
+            "expected a multipart/form-data upload with a `file` field: {}",
+            e.body_text()
+        ))
+    })?;
+    let json_out = match q.format.as_deref() {
+        None | Some("markdown") | Some("md") => false,
+        Some("json") => true,
+        Some(other) => {
+            return Err(ApiError::bad(
+                "format",
+                format!("format must be markdown or json, got {other:?}"),
+            ))
+        }
+    };
+    let mut file: Option<(String, Bytes)> = None;
+    let mut o = Overrides {
+        max_tokens: None,
+        temperature: None,
+        top_p: None,
+        top_k: None,
+        repetition_penalty: None,
+        seed: None,
+    };
+    let mut prompt: Option<String> = None;
+    loop {
+        let field = match mp.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return Err(body_error(e.status(), &st, e.body_text())),
+        };
+        let name = field.name().unwrap_or("").to_string();
+        let fname = field.file_name().map(str::to_string);
+        let bytes = field
+            .bytes()
+            .await
+            .map_err(|e| body_error(e.status(), &st, e.body_text()))?;
+        let text = || String::from_utf8_lossy(&bytes).to_string();
+        match name.as_str() {
+            "file" if file.is_some() => {
+                return Err(ApiError::bad(
+                    "file",
+                    "more than one `file` field; send one document per request",
+                ))
+            }
+            "file" => file = Some((fname.unwrap_or_else(|| "upload".into()), bytes.clone())),
+            "max_tokens" => o.max_tokens = Some(field_num(&name, &text())?),
+            "temperature" => o.temperature = Some(field_num(&name, &text())?),
+            "top_p" => o.top_p = Some(field_num(&name, &text())?),
+            "top_k" => o.top_k = Some(field_num(&name, &text())?),
+            "repetition_penalty" => o.repetition_penalty = Some(field_num(&name, &text())?),
+            "seed" => o.seed = Some(field_num(&name, &text())?),
+            "prompt" => prompt = Some(text()).filter(|t| !t.trim().is_empty()),
+            other => {
+                return Err(ApiError::bad(
+                    other,
+                    format!("unknown form field {other:?}"),
+                ))
+            }
+        }
+    }
+    let (name, bytes) =
+        file.ok_or_else(|| ApiError::bad("file", "missing the `file` field (an image or PDF)"))?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad(
+            "file",
+            format!("{name}: the upload is empty"),
+        ));
+    }
+    check_text_bytes(&st, prompt.as_ref().map_or(0, String::len), "prompt")?;
+    st.ready()?;
+    let max_tokens = o.max_tokens(&st)?;
+    let params = o.sampling(&st.cfg.defaults)?;
+    let st2 = st.clone();
+    let client = ClientAlive::new();
+    let alive = client.flag();
+    let pages = tokio::task::spawn_blocking(move || {
+        let is_alive = || alive.load(Ordering::Relaxed);
+        let cost = images::decode_cost(&bytes, st2.cfg.max_images);
+        let _permit = st2
+            .decode_budget
+            .acquire(cost, &is_alive)
+            .ok_or_else(client_gone)?;
+        let pages = images::document_pages(&bytes, &name, st2.cfg.max_pixels, st2.cfg.max_images)?;
+        let mut out = Vec::with_capacity(pages.len());
+        for img in pages {
+            if !is_alive() {
+                return Err(client_gone());
+            }
+            let pre = crate::model::preprocess::preprocess(&img, &st2.pre);
+            let ids = st2
+                .prompter
+                .encode(&[pre.num_image_tokens], prompt.as_deref())
+                .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+            out.push((ids, pre.pixel_values));
+        }
+        Ok::<_, ApiError>(out)
+    })
+    .await
+    .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))??;
+    let mut jobs = Vec::with_capacity(pages.len());
+    let mut rxs = Vec::with_capacity(pages.len());
+    let mut prompt_tokens = 0;
+    for (ids, px) in pages {
+        check_length(&st, ids.len(), max_tokens)?;
+        prompt_tokens += ids.len();
+        let mut params = params.clone();
+        // Pages of one upload get distinct but reproducible seeds.
+        if let Some(s) = params.seed.as_mut() {
+            *s = s.wrapping_add(rxs.len() as u64);
+        }
+        let (j, rx) = job(
+            &st,
+            gen_request(&st, ids, vec![px], params, max_tokens),
+            vec![],
+            accepted,
+        );
+        jobs.push(j);
+        rxs.push(rx);
+    }
+    st.shared.submit_all(jobs)?;
+    if q.stream {
+        let cut = st.cut.subscribe();
+        let s = stream::iter(rxs.into_iter().enumerate())
+            .then(move |(i, rx)| {
+                let cut = cut.clone();
+                async move {
+                    let sep =
+                        (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(i + 1))));
+                    let page = stream::unfold(Some((rx, cut)), |state| async move {
+                        let (mut rx, mut cut) = state?;
+                        match next_event(&mut rx, &mut cut).await {
+                            Some(JobEvent::Delta { text, .. }) => {
+                                Some((Ok(Bytes::from(text)), Some((rx, cut))))
+                            }
+                            Some(JobEvent::Failed(e)) => {
+                                Some((Ok(Bytes::from(format!("\n\n[error: {e}]\n"))), None))
+                            }
+                            Some(JobEvent::Done { .. }) | None => None,
+                        }
+                    });
+                    stream::iter(sep).chain(page)
+                }
+            })
+            .flatten();
+        return Ok((
+            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+            Body::from_stream(s),
+        )
+            .into_response());
+    }
+    let mut texts = Vec::with_capacity(rxs.len());
+    let mut pages_json = Vec::with_capacity(rxs.len());
+    let mut completion = 0;
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let c = collect(rx, st.cut.subscribe()).await?;
+        completion += c.completion_tokens;
+        pages_json.push(json!({"page": i + 1, "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
+        texts.push(c.text);
+    }
+    let mut text = String::new();
+    for (i, t) in texts.iter().enumerate() {
+        if i > 0 {
+            text.push_str(&page_separator(i + 1));
+        }
+        text.push_str(t);
+    }
+    if json_out {
+        return Ok(Json(json!({
+            "model": st.cfg.model_name,
+            "text": text,
+            "pages": pages_json,
+            "usage": openai::usage(prompt_tokens, completion),
+        }))
+        .into_response());
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+        format!("{text}\n"),
+    )
+        .into_response())
+}
