@@ -68,7 +68,11 @@ fn two_cpu_engines_answer_like_one_and_share_the_work() {
     let imgs = images();
     let max_tokens = |i: usize| 6 + (i * 5) % 17;
     let n = 12;
-    let one = Server::start(common::exported(), &["--profile", profile.to_str().unwrap()], true);
+    let one = Server::start(
+        common::exported(),
+        &["--profile", profile.to_str().unwrap()],
+        true,
+    );
     let expected: Vec<String> = (0..n)
         .map(|i| {
             let (b, m) = &imgs[i % imgs.len()];
@@ -79,7 +83,12 @@ fn two_cpu_engines_answer_like_one_and_share_the_work() {
 
     let s = Server::start(
         common::exported(),
-        &["--profile", profile.to_str().unwrap(), "--devices", "cpu,cpu"],
+        &[
+            "--profile",
+            profile.to_str().unwrap(),
+            "--devices",
+            "cpu,cpu",
+        ],
         true,
     );
     let h = wait_engines(&s, &["ok", "ok"]);
@@ -109,18 +118,34 @@ fn two_cpu_engines_answer_like_one_and_share_the_work() {
     let m = s.get("/metrics").unwrap().text();
     let per: Vec<f64> = ["cpu:0", "cpu:1"]
         .iter()
-        .map(|d| metric(&m, &format!("ocrctl_engine_requests_total{{device=\"{d}\"}}")))
+        .map(|d| {
+            metric(
+                &m,
+                &format!("ocrctl_engine_requests_total{{device=\"{d}\"}}"),
+            )
+        })
         .collect();
     assert_eq!(per[0] + per[1], n as f64, "{m}");
     assert!(per[0] >= 1.0 && per[1] >= 1.0, "work not spread: {per:?}");
     let generated: f64 = ["cpu:0", "cpu:1"]
         .iter()
-        .map(|d| metric(&m, &format!("ocrctl_engine_generated_tokens_total{{device=\"{d}\"}}")))
+        .map(|d| {
+            metric(
+                &m,
+                &format!("ocrctl_engine_generated_tokens_total{{device=\"{d}\"}}"),
+            )
+        })
         .sum();
     assert_eq!(generated, metric(&m, "ocrctl_generated_tokens_total"));
     for d in ["cpu:0", "cpu:1"] {
-        assert_eq!(metric(&m, &format!("ocrctl_engine_load_tokens{{device=\"{d}\"}}")), 0.0);
-        assert_eq!(metric(&m, &format!("ocrctl_engine_ready{{device=\"{d}\"}}")), 1.0);
+        assert_eq!(
+            metric(&m, &format!("ocrctl_engine_load_tokens{{device=\"{d}\"}}")),
+            0.0
+        );
+        assert_eq!(
+            metric(&m, &format!("ocrctl_engine_ready{{device=\"{d}\"}}")),
+            1.0
+        );
     }
 }
 
@@ -151,9 +176,18 @@ fn an_engine_that_cannot_load_leaves_the_others_serving() {
     let (b, m) = &images()[0];
     assert!(!answer(&s.post_json("/v1/chat/completions", &chat_body(b, m, 8))).is_empty());
     let metrics = s.get("/metrics").unwrap().text();
-    assert_eq!(metric(&metrics, "ocrctl_engine_ready{device=\"gpu:99\"}"), 0.0);
-    assert_eq!(metric(&metrics, "ocrctl_engine_requests_total{device=\"cpu:0\"}"), 1.0);
-    assert!(s.log.lock().unwrap().contains("loading"), "the failure is logged");
+    assert_eq!(
+        metric(&metrics, "ocrctl_engine_ready{device=\"gpu:99\"}"),
+        0.0
+    );
+    assert_eq!(
+        metric(&metrics, "ocrctl_engine_requests_total{device=\"cpu:0\"}"),
+        1.0
+    );
+    assert!(
+        s.log.lock().unwrap().contains("loading"),
+        "the failure is logged"
+    );
 }
 
 #[test]
@@ -167,10 +201,19 @@ fn a_server_whose_every_engine_fails_exits_non_zero_and_bad_lists_are_refused() 
         args.extend_from_slice(extra);
         common::ocrctl(&args)
     };
-    let out = serve(&["--providers", "cuda", "--strict-providers", "--devices", "98,99"]);
+    let out = serve(&[
+        "--providers",
+        "cuda",
+        "--strict-providers",
+        "--devices",
+        "98,99",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("on gpu:98") && err.contains("on gpu:99"), "{err}");
+    assert!(
+        err.contains("on gpu:98") && err.contains("on gpu:99"),
+        "{err}"
+    );
     for (devices, msg) in [
         ("0,0", "gpu:0 is listed twice"),
         ("x", "`x` is not a device"),
@@ -190,28 +233,58 @@ fn ocr_reads_with_several_engines_what_one_engine_reads() {
     let images = common::fixture().join("images");
     let run = |extra: &[&str]| {
         let mut args = vec![
-            "ocr", "--model", &model, "--precision", "fp32", "--max-tokens", "12", "--json",
-            "--batch-size", "2",
+            "ocr",
+            "--temperature",
+            "0",
+            "--model",
+            &model,
+            "--precision",
+            "fp32",
+            "--max-tokens",
+            "12",
+            "--json",
+            "--batch-size",
+            "2",
         ];
         args.extend_from_slice(extra);
         args.push(images.to_str().unwrap());
         common::ocrctl(&args)
     };
     let one = run(&[]);
-    assert!(one.status.success(), "{}", String::from_utf8_lossy(&one.stderr));
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
     let two = run(&["--devices", "cpu,cpu"]);
-    assert!(two.status.success(), "{}", String::from_utf8_lossy(&two.stderr));
+    assert!(
+        two.status.success(),
+        "{}",
+        String::from_utf8_lossy(&two.stderr)
+    );
     assert_eq!(
         String::from_utf8_lossy(&two.stdout),
         String::from_utf8_lossy(&one.stdout)
     );
     assert_eq!(String::from_utf8_lossy(&one.stdout).lines().count(), 5);
     // A device that cannot load is named; the other reads every page.
-    let degraded = run(&["--devices", "97,cpu", "--providers", "cuda", "--strict-providers"]);
+    let degraded = run(&[
+        "--devices",
+        "97,cpu",
+        "--providers",
+        "cuda",
+        "--strict-providers",
+    ]);
     let err = String::from_utf8_lossy(&degraded.stderr);
     assert!(degraded.status.success(), "{err}");
     assert!(err.contains("loading the model on gpu:97"), "{err}");
     assert_eq!(degraded.stdout, one.stdout);
-    let none = run(&["--devices", "97,98", "--providers", "cuda", "--strict-providers"]);
+    let none = run(&[
+        "--devices",
+        "97,98",
+        "--providers",
+        "cuda",
+        "--strict-providers",
+    ]);
     assert!(!none.status.success());
 }

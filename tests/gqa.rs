@@ -5,13 +5,13 @@
 mod common;
 use common::golden::{check_top5, golden, ids};
 use common::*;
-use ocrctl::runtime::backend::Backend;
-use ocrctl::generation::engine::{Engine, GenRequest};
+use ocrctl::generation::engine::{Engine, EngineError, GenRequest};
 use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
-use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
+use ocrctl::generation::sampling::SamplingParams;
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
-use ocrctl::generation::sampling::SamplingParams;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
 use ocrctl_exporters::export::{DecoderVariant, Precision};
 use std::path::Path;
 
@@ -155,6 +155,8 @@ fn decoder_choice_errors_name_the_fix() {
     export_fixture(&merged_only, &["--decoder", "merged"]);
     let out = ocrctl(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         merged_only.to_str().unwrap(),
         "--decoder",
@@ -246,7 +248,7 @@ fn slots_never_leak_under_random_joins_leaves_and_cancels() {
             engine.step(&mut batch, &mut |ev| match ev {
                 Event::Done { result, .. } => {
                     if let Err(e) = result {
-                        if e != "cancelled" {
+                        if *e != EngineError::Cancelled {
                             failed.push(e.clone());
                         }
                     }
@@ -282,9 +284,15 @@ fn a_request_too_long_for_the_cache_fails_alone() {
     let out = engine.run(vec![ok, long], &mut |_| {});
     assert_eq!(out[0].as_ref().unwrap().token_ids.len(), 30);
     let err = out[1].as_ref().unwrap_err();
-    assert!(
-        err.contains("need 79 positions") && err.contains("holds 64"),
-        "{err}"
+    assert_eq!(
+        *err,
+        EngineError::TooLong {
+            prompt: 20,
+            max_new: 60,
+            need: 79,
+            cap: 64
+        }
     );
+    assert!(err.to_string().contains("holds 64"), "{err}");
     assert_eq!(engine.backend.free_sequences(), Some(2));
 }

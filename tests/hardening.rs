@@ -284,6 +284,8 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     let run = |extra: &[&str]| {
         let mut args = vec![
             "ocr",
+            "--temperature",
+            "0",
             "--model",
             m.to_str().unwrap(),
             "--precision",
@@ -306,6 +308,8 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     // The fp16 graphs are intact: loading them does not read the damaged file.
     let out = common::ocrctl(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         m.to_str().unwrap(),
         "--precision",
@@ -578,6 +582,8 @@ fn resume_redoes_an_empty_markdown_file() {
     let model = common::exported();
     common::ocrctl_ok(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         model.to_str().unwrap(),
         "--precision",

@@ -3,11 +3,11 @@
 
 mod common;
 use common::*;
-use ocrctl::runtime::backend::Backend;
 use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
-use ocrctl::runtime::ortmodel::{write_optimized_graph, LoadOptions, OrtModel};
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::runtime::ortmodel::{write_optimized_graph, LoadOptions, OrtModel};
 use ocrctl_exporters::export::{Manifest, Precision};
 use ocrctl_exporters::proto::read::summarize;
 use serde_json::Value;

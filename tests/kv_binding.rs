@@ -6,8 +6,8 @@
 
 mod common;
 use common::*;
-use ocrctl::runtime::backend::Backend;
 use ocrctl::generation::generate::argmax_and_top_k;
+use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{KvPath, KvStats, LoadOptions, OrtCache, OrtModel};
 use ocrctl_exporters::export::{DecoderVariant, Precision};
 

@@ -21,6 +21,8 @@ fn ocr(args: &[&str]) -> std::process::Output {
     let model = exported();
     let mut all = vec![
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
@@ -42,7 +44,8 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
 fn texts_of_rendered_pages(pdf: &Path) -> Vec<String> {
     let d = tempfile::tempdir().unwrap();
     let bytes = std::fs::read(pdf).unwrap();
-    let pages = ocrctl::documents::pdf::render_pdf(&bytes, "scan.pdf", None).expect("pdfium renders");
+    let pages =
+        ocrctl::documents::pdf::render_pdf(&bytes, "scan.pdf", None).expect("pdfium renders");
     assert_eq!(pages.len(), 2);
     for (i, p) in pages.iter().enumerate() {
         p.save(d.path().join(format!("page{}.png", i + 1))).unwrap();
@@ -199,6 +202,8 @@ fn shards_partition_the_inputs() {
     let files_of = |dir: &Path, shard: &str| -> Vec<String> {
         let out = ocrctl_ok(&[
             "ocr",
+            "--temperature",
+            "0",
             "--model",
             &m,
             "--max-tokens",
@@ -237,4 +242,47 @@ fn shards_partition_the_inputs() {
         .collect();
     want.sort();
     assert_eq!(all, want);
+}
+
+/// `ocr` starts from the model's generation_config.json like `serve` (issue 11.2): the
+/// fixture's says temperature 0.2, top-p 0.9; flags override single fields.
+#[test]
+fn ocr_samples_with_the_models_generation_config_unless_told_otherwise() {
+    let model = exported();
+    let img = fixture().join("images/aligned.png");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "ocr",
+            "--model",
+            model.to_str().unwrap(),
+            "--max-tokens",
+            "4",
+        ];
+        args.extend_from_slice(extra);
+        args.push(img.to_str().unwrap());
+        let out = ocrctl(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&[]);
+    assert!(
+        e.contains("generation_config.json (temperature 0.2, top-p 0.9)"),
+        "{e}"
+    );
+    assert!(!run(&["--temperature", "0"]).contains("generation_config"));
+    // Bad values are refused by name whatever their source.
+    let out = ocrctl(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--top-p",
+        "0",
+        img.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--top-p"));
 }

@@ -12,11 +12,11 @@
 mod common;
 use common::golden::{check_top5, golden, ids};
 use common::*;
-use ocrctl::runtime::backend::Backend;
 use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
-use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
 use ocrctl_exporters::export::{DecoderVariant, Precision};
 use serde_json::Value;
 
@@ -214,6 +214,8 @@ fn the_cli_prints_the_reference_tokens_and_text() {
     // Without --ignore-eos the text stops at the first end-of-sequence token.
     let out = ocrctl_ok(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         exported().to_str().unwrap(),
         "--max-tokens",

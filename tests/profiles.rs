@@ -178,7 +178,7 @@ fn every_shipped_profile_parses_validates_and_matches_its_file() {
 
 #[test]
 fn every_shipped_profile_fits_the_full_size_model() {
-    let d = ModelDims::LIGHTONOCR_2_1B;
+    let d = ModelDims::lightonocr_2_1b();
     for (name, _) in BUILTIN {
         let p = builtin_profile(name);
         // The CPU profile is sized for a 16 GiB host.
@@ -192,7 +192,7 @@ fn every_shipped_profile_fits_the_full_size_model() {
 
 #[test]
 fn kv_cache_row_equals_the_hand_computation() {
-    let d = ModelDims::LIGHTONOCR_2_1B;
+    let d = ModelDims::lightonocr_2_1b();
     // 28 layers × (key + value) × 8 kv heads × 128 × 2 bytes = 112 KiB per token.
     let per_token: u64 = 28 * 2 * 8 * 128 * 2;
     assert_eq!(per_token, 112 * 1024);
@@ -224,7 +224,7 @@ fn kv_cache_row_equals_the_hand_computation() {
 
 #[test]
 fn tensorrt_shapes_of_the_16gb_profile_are_exact() {
-    let s = trt_shapes(&builtin_profile("16gb"), &ModelDims::LIGHTONOCR_2_1B);
+    let s = trt_shapes(&builtin_profile("16gb"), &ModelDims::lightonocr_2_1b());
     assert_eq!(s.vision_encoder.min, "pixel_values:1x3x28x28");
     assert_eq!(s.vision_encoder.opt, "pixel_values:1x3x1540x1092");
     assert_eq!(s.vision_encoder.max, "pixel_values:1x3x1540x1540");
@@ -481,7 +481,7 @@ fn a_profile_too_big_for_the_gpu_fails_check_with_advice_on_the_batch() {
     let p = builtin_profile("24gb");
     let b = budget(
         &p,
-        &ModelDims::LIGHTONOCR_2_1B,
+        &ModelDims::lightonocr_2_1b(),
         full_size_weights(Precision::Fp16),
         Some(16 * GIB),
     );
@@ -493,7 +493,7 @@ fn a_profile_too_big_for_the_gpu_fails_check_with_advice_on_the_batch() {
     q.max_batch_size = 4;
     assert!(budget(
         &q,
-        &ModelDims::LIGHTONOCR_2_1B,
+        &ModelDims::lightonocr_2_1b(),
         full_size_weights(Precision::Fp16),
         Some(16 * GIB)
     )
@@ -501,7 +501,7 @@ fn a_profile_too_big_for_the_gpu_fails_check_with_advice_on_the_batch() {
     q.max_batch_size = 5;
     assert!(!budget(
         &q,
-        &ModelDims::LIGHTONOCR_2_1B,
+        &ModelDims::lightonocr_2_1b(),
         full_size_weights(Precision::Fp16),
         Some(16 * GIB)
     )
@@ -719,7 +719,7 @@ fn list_show_and_the_profiles_dir_override() {
     );
     assert!(text.contains("max_prompt_tokens: 3041"), "{text}");
     // `show` output (file + derived section) is itself YAML.
-    let v: serde_json::Value = serde_yaml::from_str(text.split_once('\n').unwrap().1).unwrap();
+    let v: serde_json::Value = yaml_serde::from_str(text.split_once('\n').unwrap().1).unwrap();
     assert_eq!(v["derived"]["kv_cache_at_max_gb"], 5.25);
     assert_eq!(v["max_batch_size"], 6);
 

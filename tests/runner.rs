@@ -28,6 +28,10 @@ fn ocr_json(extra: &[&str], dir: &std::path::Path) -> Vec<Value> {
         "--top-logprobs",
         "3",
     ];
+    // Greedy unless the test samples (the fixture's generation_config.json says 0.2).
+    if !extra.contains(&"--temperature") {
+        args.extend_from_slice(&["--temperature", "0"]);
+    }
     args.extend_from_slice(extra);
     args.push(dir.to_str().unwrap());
     ocrctl_ok(&args)
@@ -122,6 +126,8 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     let model = exported();
     let o = ocrctl(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
@@ -150,6 +156,8 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     std::fs::write(&keep, "kept").unwrap();
     let o = ocrctl(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
@@ -181,6 +189,8 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     );
     let o = ocrctl(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
@@ -197,6 +207,8 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     );
     let e = ocrctl_err(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         model.to_str().unwrap(),
         "--providers",

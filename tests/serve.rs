@@ -1,6 +1,8 @@
 //! `ocrctl serve` end to end on the tiny fixture (CPU, fp32): answers equal `ocrctl ocr`,
 //! streaming, logprobs, concurrency against batching, queue overflow, bad input, API key,
-//! shutdown, and the upload page in headless Chromium.
+//! shutdown, and the upload page in headless Chromium. The Chromium and `openai`-client tests
+//! need what `scripts/setup.sh --test` installs; without it they print a `skipped:` line and
+//! pass, unless `OCRCTL_REQUIRE_TEST_TOOLS=1` (as in CI) makes that a failure.
 
 mod common;
 
@@ -28,6 +30,8 @@ fn cli(name: &str, max_tokens: usize) -> Value {
     let model = common::exported();
     let out = common::ocrctl_ok(&[
         "ocr",
+        "--temperature",
+        "0",
         "--model",
         model.to_str().unwrap(),
         "--precision",
@@ -632,16 +636,42 @@ fn sigterm_lets_a_running_stream_finish_then_exits_zero() {
 
 #[test]
 fn upload_page_in_headless_chromium_shows_the_text() {
+    const TEST: &str = "upload_page_in_headless_chromium_shows_the_text";
+    let browser = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    // upload.mjs launches $CHROMIUM when set, else the `chromium` found here.
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .or_else(|| common::on_path("chromium"));
+    let tools = [
+        (
+            "node",
+            common::runs("node", &["--version"]),
+            "install Node.js: apt-get install nodejs npm",
+        ),
+        (
+            "tests/browser/node_modules/playwright-core",
+            browser.join("node_modules/playwright-core").is_dir(),
+            "run scripts/setup.sh --test: npm ci in tests/browser",
+        ),
+        (
+            "chromium",
+            chromium.is_some(),
+            "run scripts/setup.sh --test: Debian's chromium, apt-get install chromium",
+        ),
+    ];
+    if !tools
+        .iter()
+        .all(|&(tool, present, install)| common::require_tool(TEST, tool, present, install))
+    {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let s = server(dir.path(), 1, 4, &[]);
     let want = cli("aligned.png", 32)["text"].as_str().unwrap().to_string();
-    let browser = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
-    assert!(
-        browser.join("node_modules/playwright-core").exists(),
-        "run scripts/setup.sh --test (npm ci in tests/browser, Debian's chromium)"
-    );
     let out = Command::new("node")
         .current_dir(&browser)
+        .env("CHROMIUM", chromium.expect("checked above"))
         .args([
             "upload.mjs",
             &format!("http://{}/", s.addr),
@@ -662,6 +692,15 @@ fn upload_page_in_headless_chromium_shows_the_text() {
 
 #[test]
 fn the_openai_python_client_gets_the_cli_answer() {
+    let python = common::venv_python();
+    if !common::require_tool(
+        "the_openai_python_client_gets_the_cli_answer",
+        ".venv/bin/python with the openai package",
+        common::runs(&python, &["-c", "import openai"]),
+        "run scripts/setup.sh --test",
+    ) {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let s = server(
         dir.path(),
@@ -669,7 +708,6 @@ fn the_openai_python_client_gets_the_cli_answer() {
         8,
         &["--served-model-name", "tiny-ocr", "--api-key", "k-123"],
     );
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
     for name in ["photo.jpg", "unaligned.png"] {
         let want = cli(name, MAX_TOKENS);
@@ -683,7 +721,7 @@ fn the_openai_python_client_gets_the_cli_answer() {
                 "k-123",
             ])
             .output()
-            .expect("run scripts/setup.sh --test: .venv/bin/python with the openai package");
+            .expect(".venv/bin/python runs");
         assert!(
             out.status.success(),
             "{}",

@@ -5,10 +5,10 @@
 mod common;
 use common::*;
 use ndarray::Array2;
-use ocrctl::runtime::backend::Backend;
-use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
 use ocrctl_exporters::export::{Manifest, Precision};
 use tract_onnx::prelude::*;
 
@@ -59,8 +59,13 @@ fn tract_agrees_with_onnx_runtime_on_features_and_first_logits() {
     let prompter = Prompter::from_model_dir(&dir, cfg.image_token_id).unwrap();
     let ids = prompter.encode(&[p.num_image_tokens], None).unwrap();
     let mut embeds: Array2<f32> = ort_model.embed(&ids).unwrap();
-    ocrctl::generation::generate::merge_image_features(&mut embeds, &ids, cfg.image_token_id, &ort_feats)
-        .unwrap();
+    ocrctl::generation::generate::merge_image_features(
+        &mut embeds,
+        &ids,
+        cfg.image_token_id,
+        &ort_feats,
+    )
+    .unwrap();
     let (ort_logits, _) = ort_model.forward(embeds.clone(), None).unwrap();
 
     let t = &cfg.text;

@@ -10,6 +10,7 @@
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
+use crate::contract::{tensor, Kv};
 use crate::graph::{Attr, DType, Dim, Graph, Value};
 use crate::layers::{self, Emit};
 use crate::ExportError;
@@ -33,14 +34,18 @@ pub fn build(
     let b = Dim::named("batch_size");
     let s = Dim::named("sequence_length");
     let past = Dim::named("past_sequence_length");
-    let total = Dim::named("total_sequence_length");
+    let total = Dim::named(tensor::TOTAL_SEQUENCE_LENGTH);
     let x0 = g.input(
-        "inputs_embeds",
+        tensor::INPUTS_EMBEDS,
         e.act,
         &[b.clone(), s.clone(), Dim::Fixed(d as i64)],
     );
-    let mask_in = g.input("attention_mask", DType::I64, &[b.clone(), total.clone()]);
-    let pos_in = g.input("position_ids", DType::I64, &[b.clone(), s.clone()]);
+    let mask_in = g.input(
+        tensor::ATTENTION_MASK,
+        DType::I64,
+        &[b.clone(), total.clone()],
+    );
+    let pos_in = g.input(tensor::POSITION_IDS, DType::I64, &[b.clone(), s.clone()]);
     let kv_dims = |len: &Dim| {
         vec![
             b.clone(),
@@ -51,17 +56,13 @@ pub fn build(
     };
     let mut pasts = Vec::new();
     for i in 0..t.num_layers {
-        let k = g.input(&format!("past_key_values.{i}.key"), e.act, &kv_dims(&past));
-        let v = g.input(
-            &format!("past_key_values.{i}.value"),
-            e.act,
-            &kv_dims(&past),
-        );
+        let k = g.input(&tensor::past(i, Kv::Key), e.act, &kv_dims(&past));
+        let v = g.input(&tensor::past(i, Kv::Value), e.act, &kv_dims(&past));
         pasts.push((k, v));
     }
-    let keep = g.input("num_logits_to_keep", DType::I64, &[]);
+    let keep = g.input(tensor::NUM_LOGITS_TO_KEEP, DType::I64, &[]);
     g.initializer(
-        "num_logits_to_keep",
+        tensor::NUM_LOGITS_TO_KEEP,
         DType::I64,
         &[],
         0i64.to_le_bytes().to_vec(),
@@ -173,8 +174,8 @@ pub fn build(
         )?;
         x = nx;
         let kv_out = kv_dims(&total);
-        g.output(&pres_k, &format!("present.{i}.key"), e.act, &kv_out);
-        g.output(&pres_v, &format!("present.{i}.value"), e.act, &kv_out);
+        g.output(&pres_k, &tensor::present(i, Kv::Key), e.act, &kv_out);
+        g.output(&pres_v, &tensor::present(i, Kv::Value), e.act, &kv_out);
         step();
     }
 
@@ -189,7 +190,7 @@ pub fn build(
     let logits = layers::cast(&mut g, &logits, e.act, DType::F32);
     g.output(
         &logits,
-        "logits",
+        tensor::LOGITS,
         DType::F32,
         &[
             b,

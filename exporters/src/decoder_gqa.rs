@@ -24,6 +24,7 @@
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
+use crate::contract::{tensor, Kv};
 use crate::decoder::{lm_head_name, mlp_block, qkv_normed, PREFIX};
 use crate::graph::{Attr, DType, Dim, Graph};
 use crate::layers::{self, Emit, Target};
@@ -86,12 +87,12 @@ pub fn build(
     let s = Dim::named("sequence_length");
     let cap = Dim::named("max_sequence_length");
     let x0 = g.input(
-        "inputs_embeds",
+        tensor::INPUTS_EMBEDS,
         e.act,
         &[b.clone(), s, Dim::Fixed(d as i64)],
     );
-    let seqlens = g.input("seqlens_k", DType::I32, std::slice::from_ref(&b));
-    let total = g.input("total_sequence_length", DType::I32, &[]);
+    let seqlens = g.input(tensor::SEQLENS_K, DType::I32, std::slice::from_ref(&b));
+    let total = g.input(tensor::TOTAL_SEQUENCE_LENGTH, DType::I32, &[]);
     let kv_dims = vec![
         b.clone(),
         Dim::Fixed(kvh as i64),
@@ -100,8 +101,8 @@ pub fn build(
     ];
     let mut pasts = Vec::new();
     for i in 0..t.num_layers {
-        let k = g.input(&format!("past_key_values.{i}.key"), e.act, &kv_dims);
-        let v = g.input(&format!("past_key_values.{i}.value"), e.act, &kv_dims);
+        let k = g.input(&tensor::past(i, Kv::Key), e.act, &kv_dims);
+        let v = g.input(&tensor::past(i, Kv::Value), e.act, &kv_dims);
         pasts.push((k, v));
     }
     let positions = t.max_position_embeddings.max(1);
@@ -145,8 +146,8 @@ pub fn build(
             Ok::<_, ExportError>((m, [outs[1].clone(), outs[2].clone()]))
         })?;
         x = nx;
-        g.output(&pres[0], &format!("present.{i}.key"), e.act, &kv_dims);
-        g.output(&pres[1], &format!("present.{i}.value"), e.act, &kv_dims);
+        g.output(&pres[0], &tensor::present(i, Kv::Key), e.act, &kv_dims);
+        g.output(&pres[1], &tensor::present(i, Kv::Value), e.act, &kv_dims);
         step();
     }
 
@@ -160,7 +161,7 @@ pub fn build(
     let logits = layers::cast(&mut g, &logits, e.act, DType::F32);
     g.output(
         &logits,
-        "logits",
+        tensor::LOGITS,
         DType::F32,
         &[b.clone(), Dim::Fixed(1), Dim::Fixed(t.vocab_size as i64)],
     );
@@ -171,7 +172,7 @@ pub fn build(
         &[&logits],
         &[("axis", Attr::Int(-1)), ("keepdims", Attr::Int(0))],
     );
-    g.output(&next, "next_token", DType::I64, &[b, Dim::Fixed(1)]);
+    g.output(&next, tensor::NEXT_TOKEN, DType::I64, &[b, Dim::Fixed(1)]);
     g.finish(&[("", 21), ("com.microsoft", 1)], &[])
 }
 

@@ -5,6 +5,7 @@
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
+use crate::contract::tensor;
 use crate::graph::{Attr, DType, Dim, Graph};
 use crate::layers::Emit;
 use crate::ExportError;
@@ -23,7 +24,7 @@ pub fn build(
     let (v, d) = (cfg.text.vocab_size, cfg.text.hidden_size);
     let mut g = Graph::create(dir, stem)?;
     let ids = g.input(
-        "input_ids",
+        tensor::INPUT_IDS,
         DType::I64,
         &[Dim::named("batch_size"), Dim::named("sequence_length")],
     );
@@ -36,7 +37,7 @@ pub fn build(
     let out = crate::layers::cast(&mut g, &out, store, e.act);
     g.output(
         &out,
-        "inputs_embeds",
+        tensor::INPUTS_EMBEDS,
         e.act,
         &[
             Dim::named("batch_size"),

@@ -6,6 +6,7 @@
 
 use crate::checkpoint::{Checkpoint, Weights};
 use crate::config::ModelConfig;
+use crate::contract::graph;
 use crate::dummy::{self, DummyWeights};
 use crate::graph::{DType, GraphInfo};
 use crate::layers::{Emit, Int4Format, Quant, Target};
@@ -142,7 +143,7 @@ impl DecoderVariant {
     /// The manifest part name (`decoder_model_merged`, `decoder_gqa`).
     pub fn part(self) -> &'static str {
         match self {
-            DecoderVariant::Merged => "decoder_model_merged",
+            DecoderVariant::Merged => graph::DECODER_MERGED,
             DecoderVariant::Gqa => "decoder_gqa",
         }
     }
@@ -150,8 +151,8 @@ impl DecoderVariant {
     /// The graph's file stem without the precision suffix.
     pub fn stem(self) -> &'static str {
         match self {
-            DecoderVariant::Merged => "decoder_model_merged",
-            DecoderVariant::Gqa => "decoder_model_gqa",
+            DecoderVariant::Merged => graph::DECODER_MERGED,
+            DecoderVariant::Gqa => graph::DECODER_GQA,
         }
     }
 }
@@ -498,27 +499,27 @@ pub fn export(
         };
 
         progress(Progress::Begin {
-            part: format!("vision_encoder{sfx}"),
+            part: format!("{}{sfx}", graph::VISION),
             steps: cfg.vision.num_layers as u64,
         });
         let info = vision::build(
             &onnx_dir,
-            &format!("vision_encoder{sfx}"),
+            &format!("{}{sfx}", graph::VISION),
             &cfg,
             w,
             e,
             &mut || progress(Progress::Step),
         )?;
         progress(Progress::End);
-        parts.insert("vision_encoder".to_string(), info);
+        parts.insert(graph::VISION.to_string(), info);
 
         progress(Progress::Begin {
-            part: format!("embed_tokens{sfx}"),
+            part: format!("{}{sfx}", graph::EMBED),
             steps: 0,
         });
-        let info = embed::build(&onnx_dir, &format!("embed_tokens{sfx}"), &cfg, w, e)?;
+        let info = embed::build(&onnx_dir, &format!("{}{sfx}", graph::EMBED), &cfg, w, e)?;
         progress(Progress::End);
-        parts.insert("embed_tokens".to_string(), info);
+        parts.insert(graph::EMBED.to_string(), info);
 
         for &dv in &opts.decoders {
             let stem = format!("{}{sfx}", dv.stem());

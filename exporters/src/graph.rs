@@ -16,7 +16,7 @@
 //! g.finish(&[("", 21)], &[]).unwrap();
 //! ```
 
-use crate::proto::Encoder;
+use crate::proto::*;
 use crate::ExportError;
 use half::f16;
 use std::fs::File;
@@ -394,34 +394,34 @@ impl Graph {
         }
         let mut graph = Encoder::default();
         for n in &self.nodes {
-            graph.message(1, encode_node(n));
+            graph.message(GRAPH_NODE, encode_node(n));
         }
-        graph.string(2, &self.file_stem);
+        graph.string(GRAPH_NAME, &self.file_stem);
         for i in &self.inits {
-            graph.message(5, encode_initializer(i, &self.data_name));
+            graph.message(GRAPH_INITIALIZER, encode_initializer(i, &self.data_name));
         }
         for v in &self.inputs {
-            graph.message(11, encode_value_info(v));
+            graph.message(GRAPH_INPUT, encode_value_info(v));
         }
         for v in &self.outputs {
-            graph.message(12, encode_value_info(v));
+            graph.message(GRAPH_OUTPUT, encode_value_info(v));
         }
         let mut model = Encoder::default();
-        model.int64(1, IR_VERSION);
-        model.string(2, "ocrctl");
-        model.string(3, env!("CARGO_PKG_VERSION"));
-        model.message(7, graph);
+        model.int64(MODEL_IR_VERSION, IR_VERSION);
+        model.string(MODEL_PRODUCER_NAME, "ocrctl");
+        model.string(MODEL_PRODUCER_VERSION, env!("CARGO_PKG_VERSION"));
+        model.message(MODEL_GRAPH, graph);
         for (domain, version) in opsets {
             let mut o = Encoder::default();
-            o.string(1, domain);
-            o.int64(2, *version);
-            model.message(8, o);
+            o.string(OPSET_ID_DOMAIN, domain);
+            o.int64(OPSET_ID_VERSION, *version);
+            model.message(MODEL_OPSET_IMPORT, o);
         }
         for (k, v) in metadata {
             let mut e = Encoder::default();
-            e.string(1, k);
-            e.string(2, v);
-            model.message(14, e);
+            e.string(STRING_ENTRY_KEY, k);
+            e.string(STRING_ENTRY_VALUE, v);
+            model.message(MODEL_METADATA_PROPS, e);
         }
         let path = self.dir.join(format!("{}.onnx", self.file_stem));
         std::fs::write(&path, model.into_bytes()).map_err(|e| ExportError::io(&path, e))?;
@@ -477,49 +477,49 @@ pub struct GraphInfo {
 fn encode_node(n: &Node) -> Encoder {
     let mut e = Encoder::default();
     for i in &n.inputs {
-        e.string(1, i);
+        e.string(NODE_INPUT, i);
     }
     for o in &n.outputs {
-        e.string(2, o);
+        e.string(NODE_OUTPUT, o);
     }
-    e.string(3, &n.name);
-    e.string(4, &n.op);
+    e.string(NODE_NAME, &n.name);
+    e.string(NODE_OP_TYPE, &n.op);
     for (name, a) in &n.attrs {
         let mut ae = Encoder::default();
-        ae.string(1, name);
+        ae.string(ATTRIBUTE_NAME, name);
         match a {
             Attr::Float(f) => {
-                ae.float(2, *f);
-                ae.int64(20, 1);
+                ae.float(ATTRIBUTE_F, *f);
+                ae.int64(ATTRIBUTE_TYPE, ATTRIBUTE_TYPE_FLOAT);
             }
             Attr::Int(i) => {
-                ae.int64(3, *i);
-                ae.int64(20, 2);
+                ae.int64(ATTRIBUTE_I, *i);
+                ae.int64(ATTRIBUTE_TYPE, ATTRIBUTE_TYPE_INT);
             }
             Attr::Str(s) => {
-                ae.string(4, s);
-                ae.int64(20, 3);
+                ae.string(ATTRIBUTE_S, s);
+                ae.int64(ATTRIBUTE_TYPE, ATTRIBUTE_TYPE_STRING);
             }
             Attr::Ints(v) => {
-                ae.packed_int64(8, v);
-                ae.int64(20, 7);
+                ae.packed_int64(ATTRIBUTE_INTS, v);
+                ae.int64(ATTRIBUTE_TYPE, ATTRIBUTE_TYPE_INTS);
             }
         }
-        e.message(5, ae);
+        e.message(NODE_ATTRIBUTE, ae);
     }
     if !n.domain.is_empty() {
-        e.string(7, &n.domain);
+        e.string(NODE_DOMAIN, &n.domain);
     }
     e
 }
 
 fn encode_initializer(i: &Initializer, data_name: &str) -> Encoder {
     let mut e = Encoder::default();
-    e.packed_int64(1, &i.dims);
-    e.int64(2, i.dtype.onnx_code());
-    e.string(8, &i.name);
+    e.packed_int64(TENSOR_DIMS, &i.dims);
+    e.int64(TENSOR_DATA_TYPE, i.dtype.onnx_code());
+    e.string(TENSOR_NAME, &i.name);
     match &i.location {
-        Location::Inline(bytes) => e.bytes(9, bytes),
+        Location::Inline(bytes) => e.bytes(TENSOR_RAW_DATA, bytes),
         Location::External { offset, length } => {
             for (k, v) in [
                 ("location", data_name.to_string()),
@@ -527,11 +527,11 @@ fn encode_initializer(i: &Initializer, data_name: &str) -> Encoder {
                 ("length", length.to_string()),
             ] {
                 let mut kv = Encoder::default();
-                kv.string(1, k);
-                kv.string(2, &v);
-                e.message(13, kv);
+                kv.string(STRING_ENTRY_KEY, k);
+                kv.string(STRING_ENTRY_VALUE, &v);
+                e.message(TENSOR_EXTERNAL_DATA, kv);
             }
-            e.int64(14, 1);
+            e.int64(TENSOR_DATA_LOCATION, TENSOR_DATA_LOCATION_EXTERNAL);
         }
     }
     e
@@ -542,18 +542,18 @@ fn encode_value_info(v: &ValueInfo) -> Encoder {
     for d in &v.dims {
         let mut de = Encoder::default();
         match d {
-            Dim::Fixed(n) => de.int64(1, *n),
-            Dim::Named(s) => de.string(2, s),
+            Dim::Fixed(n) => de.int64(DIMENSION_DIM_VALUE, *n),
+            Dim::Named(s) => de.string(DIMENSION_DIM_PARAM, s),
         }
-        shape.message(1, de);
+        shape.message(TENSOR_SHAPE_DIM, de);
     }
     let mut tensor = Encoder::default();
-    tensor.int64(1, v.dtype.onnx_code());
-    tensor.message(2, shape);
+    tensor.int64(TYPE_TENSOR_ELEM_TYPE, v.dtype.onnx_code());
+    tensor.message(TYPE_TENSOR_SHAPE, shape);
     let mut ty = Encoder::default();
-    ty.message(1, tensor);
+    ty.message(TYPE_TENSOR_TYPE, tensor);
     let mut e = Encoder::default();
-    e.string(1, &v.name);
-    e.message(2, ty);
+    e.string(VALUE_INFO_NAME, &v.name);
+    e.message(VALUE_INFO_TYPE, ty);
     e
 }

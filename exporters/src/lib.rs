@@ -22,6 +22,7 @@
 pub mod awq;
 pub mod checkpoint;
 pub mod config;
+pub mod contract;
 pub mod decoder;
 pub mod decoder_gqa;
 pub mod dummy;

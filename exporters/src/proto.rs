@@ -3,14 +3,127 @@
 //! ONNX files are protobuf messages (`ModelProto`). Only encoding is needed, and only a
 //! handful of message types, so rather than pulling in a code generator this module writes
 //! the wire format by hand: varints, length-delimited fields and packed repeated integers.
-//! Field numbers follow `onnx/onnx.proto3` (IR version 10).
+//! Field numbers follow `onnx/onnx.proto` (IR version 10) and are named below, one
+//! constant per field written or read (`<MESSAGE>_<FIELD>`), with the enum values used.
 //!
 //! ```
-//! use ocrctl_exporters::proto::Encoder;
+//! use ocrctl_exporters::proto::{Encoder, MODEL_IR_VERSION};
 //! let mut e = Encoder::default();
-//! e.int64(1, 10); // ModelProto.ir_version = 10
+//! e.int64(MODEL_IR_VERSION, 10); // ModelProto.ir_version = 10
 //! assert_eq!(e.into_bytes(), vec![0x08, 0x0a]);
 //! ```
+
+// ModelProto.
+/// `ModelProto.ir_version` (int64).
+pub const MODEL_IR_VERSION: u32 = 1;
+/// `ModelProto.producer_name` (string).
+pub const MODEL_PRODUCER_NAME: u32 = 2;
+/// `ModelProto.producer_version` (string).
+pub const MODEL_PRODUCER_VERSION: u32 = 3;
+/// `ModelProto.graph` (GraphProto).
+pub const MODEL_GRAPH: u32 = 7;
+/// `ModelProto.opset_import` (repeated OperatorSetIdProto).
+pub const MODEL_OPSET_IMPORT: u32 = 8;
+/// `ModelProto.metadata_props` (repeated StringStringEntryProto).
+pub const MODEL_METADATA_PROPS: u32 = 14;
+
+// OperatorSetIdProto.
+/// `OperatorSetIdProto.domain` (string).
+pub const OPSET_ID_DOMAIN: u32 = 1;
+/// `OperatorSetIdProto.version` (int64).
+pub const OPSET_ID_VERSION: u32 = 2;
+
+// StringStringEntryProto.
+/// `StringStringEntryProto.key` (string).
+pub const STRING_ENTRY_KEY: u32 = 1;
+/// `StringStringEntryProto.value` (string).
+pub const STRING_ENTRY_VALUE: u32 = 2;
+
+// GraphProto.
+/// `GraphProto.node` (repeated NodeProto).
+pub const GRAPH_NODE: u32 = 1;
+/// `GraphProto.name` (string).
+pub const GRAPH_NAME: u32 = 2;
+/// `GraphProto.initializer` (repeated TensorProto).
+pub const GRAPH_INITIALIZER: u32 = 5;
+/// `GraphProto.input` (repeated ValueInfoProto).
+pub const GRAPH_INPUT: u32 = 11;
+/// `GraphProto.output` (repeated ValueInfoProto).
+pub const GRAPH_OUTPUT: u32 = 12;
+
+// NodeProto.
+/// `NodeProto.input` (repeated string).
+pub const NODE_INPUT: u32 = 1;
+/// `NodeProto.output` (repeated string).
+pub const NODE_OUTPUT: u32 = 2;
+/// `NodeProto.name` (string).
+pub const NODE_NAME: u32 = 3;
+/// `NodeProto.op_type` (string).
+pub const NODE_OP_TYPE: u32 = 4;
+/// `NodeProto.attribute` (repeated AttributeProto).
+pub const NODE_ATTRIBUTE: u32 = 5;
+/// `NodeProto.domain` (string).
+pub const NODE_DOMAIN: u32 = 7;
+
+// AttributeProto.
+/// `AttributeProto.name` (string).
+pub const ATTRIBUTE_NAME: u32 = 1;
+/// `AttributeProto.f` (float).
+pub const ATTRIBUTE_F: u32 = 2;
+/// `AttributeProto.i` (int64).
+pub const ATTRIBUTE_I: u32 = 3;
+/// `AttributeProto.s` (bytes).
+pub const ATTRIBUTE_S: u32 = 4;
+/// `AttributeProto.ints` (repeated int64).
+pub const ATTRIBUTE_INTS: u32 = 8;
+/// `AttributeProto.type` (AttributeType).
+pub const ATTRIBUTE_TYPE: u32 = 20;
+/// `AttributeProto.AttributeType.FLOAT`.
+pub const ATTRIBUTE_TYPE_FLOAT: i64 = 1;
+/// `AttributeProto.AttributeType.INT`.
+pub const ATTRIBUTE_TYPE_INT: i64 = 2;
+/// `AttributeProto.AttributeType.STRING`.
+pub const ATTRIBUTE_TYPE_STRING: i64 = 3;
+/// `AttributeProto.AttributeType.INTS`.
+pub const ATTRIBUTE_TYPE_INTS: i64 = 7;
+
+// TensorProto.
+/// `TensorProto.dims` (repeated int64).
+pub const TENSOR_DIMS: u32 = 1;
+/// `TensorProto.data_type` (int32, a `TensorProto.DataType`).
+pub const TENSOR_DATA_TYPE: u32 = 2;
+/// `TensorProto.name` (string).
+pub const TENSOR_NAME: u32 = 8;
+/// `TensorProto.raw_data` (bytes).
+pub const TENSOR_RAW_DATA: u32 = 9;
+/// `TensorProto.external_data` (repeated StringStringEntryProto).
+pub const TENSOR_EXTERNAL_DATA: u32 = 13;
+/// `TensorProto.data_location` (DataLocation).
+pub const TENSOR_DATA_LOCATION: u32 = 14;
+/// `TensorProto.DataLocation.EXTERNAL`.
+pub const TENSOR_DATA_LOCATION_EXTERNAL: i64 = 1;
+
+// ValueInfoProto.
+/// `ValueInfoProto.name` (string).
+pub const VALUE_INFO_NAME: u32 = 1;
+/// `ValueInfoProto.type` (TypeProto).
+pub const VALUE_INFO_TYPE: u32 = 2;
+
+// TypeProto and TypeProto.Tensor.
+/// `TypeProto.tensor_type` (TypeProto.Tensor).
+pub const TYPE_TENSOR_TYPE: u32 = 1;
+/// `TypeProto.Tensor.elem_type` (int32, a `TensorProto.DataType`).
+pub const TYPE_TENSOR_ELEM_TYPE: u32 = 1;
+/// `TypeProto.Tensor.shape` (TensorShapeProto).
+pub const TYPE_TENSOR_SHAPE: u32 = 2;
+
+// TensorShapeProto and TensorShapeProto.Dimension.
+/// `TensorShapeProto.dim` (repeated TensorShapeProto.Dimension).
+pub const TENSOR_SHAPE_DIM: u32 = 1;
+/// `TensorShapeProto.Dimension.dim_value` (int64).
+pub const DIMENSION_DIM_VALUE: u32 = 1;
+/// `TensorShapeProto.Dimension.dim_param` (string).
+pub const DIMENSION_DIM_PARAM: u32 = 2;
 
 /// Appends protobuf fields to a byte buffer.
 #[derive(Default, Debug, Clone)]
@@ -121,6 +234,11 @@ mod tests {
 /// A minimal reader for the same wire format, enough to inspect a model ONNX Runtime has
 /// written (e.g. which ops its optimiser produced). Unknown fields are skipped.
 pub mod read {
+    use super::{
+        GRAPH_INITIALIZER, GRAPH_NODE, MODEL_GRAPH, NODE_DOMAIN, NODE_OP_TYPE, TENSOR_DATA_TYPE,
+        TENSOR_DIMS, TENSOR_NAME,
+    };
+
     /// One decoded field: number and payload.
     #[derive(Debug, Clone, Copy)]
     pub enum Field<'a> {
@@ -193,27 +311,27 @@ pub mod read {
     /// Nodes and initializers of the main graph of a serialized `ModelProto`.
     pub fn summarize(model: &[u8]) -> Option<(Vec<NodeSummary>, Vec<InitSummary>)> {
         let graph = fields(model)?.into_iter().find_map(|f| match f {
-            Field::Bytes(7, g) => Some(g),
+            Field::Bytes(MODEL_GRAPH, g) => Some(g),
             _ => None,
         })?;
         let (mut nodes, mut inits) = (Vec::new(), Vec::new());
         for f in fields(graph)? {
             match f {
-                Field::Bytes(1, n) => {
+                Field::Bytes(GRAPH_NODE, n) => {
                     let mut s = NodeSummary {
                         domain: String::new(),
                         op_type: String::new(),
                     };
                     for nf in fields(n)? {
                         match nf {
-                            Field::Bytes(4, v) => s.op_type = text(v),
-                            Field::Bytes(7, v) => s.domain = text(v),
+                            Field::Bytes(NODE_OP_TYPE, v) => s.op_type = text(v),
+                            Field::Bytes(NODE_DOMAIN, v) => s.domain = text(v),
                             _ => {}
                         }
                     }
                     nodes.push(s);
                 }
-                Field::Bytes(5, t) => {
+                Field::Bytes(GRAPH_INITIALIZER, t) => {
                     let mut s = InitSummary {
                         name: String::new(),
                         data_type: 0,
@@ -221,10 +339,10 @@ pub mod read {
                     };
                     for tf in fields(t)? {
                         match tf {
-                            Field::Bytes(8, v) => s.name = text(v),
-                            Field::Varint(2, v) => s.data_type = v as i64,
-                            Field::Varint(1, d) => s.elements *= d,
-                            Field::Bytes(1, packed) => {
+                            Field::Bytes(TENSOR_NAME, v) => s.name = text(v),
+                            Field::Varint(TENSOR_DATA_TYPE, v) => s.data_type = v as i64,
+                            Field::Varint(TENSOR_DIMS, d) => s.elements *= d,
+                            Field::Bytes(TENSOR_DIMS, packed) => {
                                 let mut p = 0;
                                 while p < packed.len() {
                                     s.elements *= varint(packed, &mut p)?;

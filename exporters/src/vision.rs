@@ -10,6 +10,7 @@
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
+use crate::contract::tensor;
 use crate::graph::{Attr, Dim, Graph, Value};
 use crate::layers::{self, Emit};
 use crate::ExportError;
@@ -58,7 +59,7 @@ pub fn build(
     let p = v.patch_size;
     let mut g = Graph::create(dir, stem)?;
     let pix = g.input(
-        "pixel_values",
+        tensor::PIXEL_VALUES,
         e.act,
         &[
             Dim::Fixed(1),
@@ -209,7 +210,7 @@ pub fn build(
     let feats = g.scoped("projector", |g| projector(g, e, cfg, w, &x, &h, &wd))?;
     g.output(
         &feats,
-        "image_features",
+        tensor::IMAGE_FEATURES,
         e.act,
         &[
             Dim::named("num_image_tokens"),

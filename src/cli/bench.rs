@@ -14,12 +14,12 @@
 
 use anyhow::Context;
 use clap::Args;
-use ocrctl::runtime::backend::Backend;
 use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::generation::generate::merge_image_features;
-use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
-use ocrctl::model::preprocess;
 use ocrctl::generation::sampling::SamplingParams;
+use ocrctl::model::preprocess;
+use ocrctl::runtime::backend::Backend;
+use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;

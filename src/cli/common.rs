@@ -6,12 +6,13 @@
 
 use anyhow::Context;
 use clap::Args;
-use ocrctl::runtime::ortmodel::LoadOptions;
 use ocrctl::model::preprocess::PreprocessConfig;
-use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
 use ocrctl::model::prompt::Prompter;
+use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
+use ocrctl::runtime::ortmodel::LoadOptions;
 use ocrctl::runtime::providers::{CudaConfig, Provider, ProviderConfig, TrtConfig};
 use ocrctl_exporters::config::ModelConfig;
+use ocrctl_exporters::contract::graph;
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use std::path::{Path, PathBuf};
 
@@ -182,9 +183,9 @@ impl RuntimeArgs {
                 if let Ok(m) = Manifest::load(model) {
                     let s = trt_shapes(p, &ModelDims::from_config(&m.model));
                     for (part, r) in [
-                        ("vision_encoder", s.vision_encoder),
-                        ("embed_tokens", s.embed_tokens),
-                        ("decoder_model_merged", s.decoder),
+                        (graph::VISION, s.vision_encoder),
+                        (graph::EMBED, s.embed_tokens),
+                        (graph::DECODER_MERGED, s.decoder),
                     ] {
                         trt.shapes.insert(
                             format!("{part}{}", precision.suffix()),

@@ -6,9 +6,9 @@
 
 use anyhow::Context;
 use clap::Args;
+use ocrctl::model::preprocess;
 use ocrctl::quality::eval::{compare, ImageEval};
 use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
-use ocrctl::model::preprocess;
 use ocrctl_exporters::export::Precision;
 use serde_json::json;
 use std::path::PathBuf;

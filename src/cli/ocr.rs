@@ -15,18 +15,18 @@
 use crate::cli::ocr_output::{md_path, Mode, Output, PageResult};
 use anyhow::Context;
 use clap::Args;
-use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::documents::inputs::{self, Document, PageLoader};
-use ocrctl::runtime::ortmodel::OrtModel;
-use ocrctl::model::preprocess;
+use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
-use serde_json::json;
+use ocrctl::model::preprocess;
 use ocrctl::runtime::devices::Device;
+use ocrctl::runtime::ortmodel::OrtModel;
+use serde_json::json;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Mutex;
 
 /// Arguments of `ocrctl ocr`.
 #[derive(Args, Debug)]
@@ -42,18 +42,21 @@ pub struct OcrArgs {
     /// Requests decoded together, continuous batching (default: the profile's, else 1).
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Sampling temperature; 0 is greedy (reproducible). LightOn suggests 0.2.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    temperature: f32,
-    /// Nucleus sampling: keep the most likely tokens up to this cumulative probability.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    top_p: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Divide positive (multiply negative) logits of already generated tokens by this; 1 = off.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    repetition_penalty: f32,
+    /// Sampling temperature; 0 is greedy (reproducible). Default: the model's
+    /// generation_config.json (LightOnOCR: 0.2), else 0 — as `serve` and vLLM.
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f32>,
+    /// Nucleus sampling: keep the most likely tokens up to this cumulative probability
+    /// (default: generation_config.json's, else 1).
+    #[arg(long, allow_negative_numbers = true)]
+    top_p: Option<f32>,
+    /// Keep only the K most likely tokens (0 = off; default: generation_config.json's, else 0).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Divide positive (multiply negative) logits of already generated tokens by this; 1 = off
+    /// (default: generation_config.json's, else 1).
+    #[arg(long, allow_negative_numbers = true)]
+    repetition_penalty: Option<f32>,
     /// Random seed for sampling (default: a fresh one per image).
     #[arg(long)]
     seed: Option<u64>,
@@ -199,18 +202,30 @@ fn engine_options(
 
 /// Runs OCR over all inputs; returns failure if any input, document or page failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
+    let (opts, profile) = a.rt.load_options(&a.model)?;
+    // A wrong --model is named before anything else reads from it.
+    ocrctl_exporters::export::Manifest::load(&a.model)
+        .with_context(|| format!("--model {}", a.model.display()))?;
+    // The same defaults as `serve`: the model's generation_config.json, flags override.
+    let base = SamplingParams::model_defaults(&a.model).map_err(anyhow::Error::msg)?;
     let params = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        repetition_penalty: a.repetition_penalty,
+        temperature: a.temperature.unwrap_or(base.temperature),
+        top_p: a.top_p.unwrap_or(base.top_p),
+        top_k: a.top_k.unwrap_or(base.top_k),
+        repetition_penalty: a.repetition_penalty.unwrap_or(base.repetition_penalty),
         seed: a.seed,
         loop_guard: a.loop_guard.then(LoopGuard::default),
     };
+    if a.temperature.is_none() && base.temperature > 0.0 && !a.quiet {
+        eprintln!(
+            "ocrctl: sampling with the model's generation_config.json (temperature {}, top-p {}); \
+             --temperature 0 for greedy",
+            params.temperature, params.top_p
+        );
+    }
     params
         .validate()
         .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
-    let (opts, profile) = a.rt.load_options(&a.model)?;
     let batch_size = a
         .batch_size
         .or(profile.as_ref().map(|p| p.max_batch_size as usize))
@@ -360,7 +375,17 @@ fn run_pages<'a, 'd>(
     });
     match errors.into_iter().next() {
         // No engine ran (one device that failed, or every one): nothing was read.
-        Some(e) if n == 1 || pages.units.lock().unwrap_or_else(|e| e.into_inner()).next().is_some() => Err(e),
+        Some(e)
+            if n == 1
+                || pages
+                    .units
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .next()
+                    .is_some() =>
+        {
+            Err(e)
+        }
         _ => Ok(()),
     }
 }
@@ -370,7 +395,11 @@ impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
     /// that fails is reported and skipped.
     fn next_request(&self, meta: &mut Vec<Meta>) -> Option<GenRequest> {
         loop {
-            let (unit, (d, page)) = self.units.lock().unwrap_or_else(|e| e.into_inner()).next()?;
+            let (unit, (d, page)) = self
+                .units
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .next()?;
             let doc = &self.docs[d];
             let r = (|| -> anyhow::Result<(GenRequest, Meta)> {
                 let img = {

@@ -168,7 +168,7 @@ fn model_dims(model: Option<&Path>) -> anyhow::Result<(String, ModelDims)> {
         }
         None => Ok((
             "LightOnOCR-2-1B (built-in dimensions)".into(),
-            ModelDims::LIGHTONOCR_2_1B,
+            ModelDims::lightonocr_2_1b(),
         )),
     }
 }
@@ -198,7 +198,7 @@ fn show(a: ShowArgs) -> anyhow::Result<ExitCode> {
     wrapper.insert("derived", derived);
     print!(
         "{}",
-        serde_yaml::to_string(&wrapper).context("writing the derived values as YAML")?
+        yaml_serde::to_string(&wrapper).context("writing the derived values as YAML")?
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -14,11 +14,11 @@
 
 use anyhow::Context;
 use clap::Args;
-use ocrctl::runtime::devices::{self, Device};
 use ocrctl::generation::engine::Engine;
-use ocrctl::runtime::ortmodel::OrtModel;
-use ocrctl::model::preprocess::DEFAULT_MAX_PIXELS;
 use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
+use ocrctl::model::preprocess::DEFAULT_MAX_PIXELS;
+use ocrctl::runtime::devices::{self, Device};
+use ocrctl::runtime::ortmodel::OrtModel;
 use ocrctl::server::{worker, AppState, ServerConfig};
 use ocrctl_exporters::export::Manifest;
 use std::path::PathBuf;
@@ -175,16 +175,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     prompter.max_token_bytes();
     let prompter = Arc::new(prompter);
     pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
-    let gen_path = a.model.join("generation_config.json");
-    let mut defaults = match std::fs::read_to_string(&gen_path) {
-        Ok(t) => {
-            let v: serde_json::Value = serde_json::from_str(&t)
-                .with_context(|| format!("{}: invalid JSON", gen_path.display()))?;
-            SamplingParams::from_generation_config(&v)
-                .with_context(|| gen_path.display().to_string())?
-        }
-        Err(_) => SamplingParams::greedy(),
-    };
+    let mut defaults = SamplingParams::model_defaults(&a.model).map_err(anyhow::Error::msg)?;
     if a.loop_guard {
         defaults.loop_guard = Some(LoopGuard::default());
     }
@@ -258,7 +249,8 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
         prompter: prompter.clone(),
         pre,
         stopping: AtomicBool::new(false),
-        gpu_memory: uses_gpu.then_some(ocrctl::runtime::gpumem::process_gpu_memory as fn() -> Option<u64>),
+        gpu_memory: uses_gpu
+            .then_some(ocrctl::runtime::gpumem::process_gpu_memory as fn() -> Option<u64>),
         cut: tokio::sync::watch::channel(false).0,
         decode_budget: ocrctl::server::images::DecodeBudget::new(
             profile.decode_memory_mb as u64 * 1024 * 1024,

@@ -4,9 +4,14 @@
 //!
 //! - A folder gives its image and PDF files (by extension, not recursive), sorted.
 //! - A path that does not exist and contains `*`, `?` or `[` is a glob pattern (quote it so
-//!   that the shell does not expand it): `*` and `?` match within one path component,
-//!   `[abc]`, `[a-z]`, `[!a]` match one character of a set; matches are the image and PDF
-//!   files (by extension), sorted. A pattern that matches none is an error.
+//!   that the shell does not expand it), matched one path component at a time with
+//!   [`globset`] (see [`component_matcher`]): `*` and `?` match within one component (never
+//!   a `/`), `[abc]`, `[a-z]`, `[!a]` (or `[^a]`) and `[[:digit:]]` match one character of a
+//!   set (`[*]` a literal `*`; an unclosed `[` is itself literal), `{a,b}` either
+//!   alternative; a backslash is an ordinary character. Like in shells, a wildcard does not
+//!   match a leading `.` unless the component starts with one. Matches are the image and PDF
+//!   files (by extension), sorted. A pattern that matches none, or that is malformed (`[z-a]`,
+//!   an unclosed `{`), is an error.
 //! - Any other path is a file: a PDF if it starts with the PDF magic or ends in `.pdf`,
 //!   else an image (its format is detected when it is loaded).
 //!
@@ -14,9 +19,9 @@
 //! rendering; [`PageLoader`] renders or decodes a page only when asked and keeps at most one
 //! PDF open, so memory does not grow with the number or length of the documents.
 
-use crate::quality::calibrate::IMAGE_EXTENSIONS;
 use crate::documents::pdf::{self, PdfDocument, PdfError};
 use crate::model::preprocess::{self, PreprocessError};
+use crate::quality::calibrate::IMAGE_EXTENSIONS;
 use image::RgbImage;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -38,6 +43,14 @@ pub enum InputError {
     EmptyFolder {
         /// The folder as given.
         path: PathBuf,
+    },
+    /// A glob pattern is malformed (e.g. a reversed range `[z-a]`, an unclosed `{`).
+    #[error("{pattern}: not a valid glob pattern: {reason}")]
+    Pattern {
+        /// The pattern as given.
+        pattern: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A glob pattern matched no image or PDF file.
     #[error("{pattern}: no image or PDF file matches this pattern")]
@@ -169,12 +182,19 @@ fn glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
     for (i, comp) in comps.iter().enumerate() {
         let last = i + 1 == comps.len();
         let part = comp.as_os_str().to_string_lossy();
+        if !matches!(comp, Component::Normal(_)) || !part.contains(['*', '?', '[', '{']) {
+            current = current
+                .iter()
+                .map(|base| base.join(comp.as_os_str()))
+                .collect();
+            continue;
+        }
+        let matcher = component_matcher(&part).map_err(|e| InputError::Pattern {
+            pattern: pattern.display().to_string(),
+            reason: e.kind().to_string(),
+        })?;
         let mut next = Vec::new();
         for base in &current {
-            if !matches!(comp, Component::Normal(_)) || !part.contains(['*', '?', '[']) {
-                next.push(base.join(comp.as_os_str()));
-                continue;
-            }
             let dir = if base.as_os_str().is_empty() {
                 Path::new(".")
             } else {
@@ -184,12 +204,12 @@ fn glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
                 continue;
             };
             for e in rd.filter_map(Result::ok) {
-                let name = e.file_name().to_string_lossy().into_owned();
-                // Like shells, `*` does not match a leading dot unless the pattern has one.
-                if name.starts_with('.') && !part.starts_with('.') {
+                let name = e.file_name();
+                // Like shells, a wildcard does not match a leading dot unless the pattern has one.
+                if name.as_encoded_bytes().starts_with(b".") && !part.starts_with('.') {
                     continue;
                 }
-                if wildcard_match(part.as_bytes(), name.as_bytes()) {
+                if matcher.is_match(Path::new(&name)) {
                     let p = base.join(&name);
                     if last || p.is_dir() {
                         next.push(p);
@@ -208,68 +228,17 @@ fn glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
     Ok(files)
 }
 
-/// Matches one path component against a pattern of literals, `*`, `?` and `[...]` sets
-/// (`[!...]` or `[^...]` negated, `a-z` ranges); an unclosed `[` is a literal.
-pub fn wildcard_match(pat: &[u8], name: &[u8]) -> bool {
-    // Iterative matching with backtracking to the last `*`.
-    let (mut p, mut n) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while n < name.len() {
-        let step = match pat.get(p) {
-            Some(b'*') => {
-                star = Some((p, n));
-                p += 1;
-                continue;
-            }
-            Some(b'?') => Some(p + 1),
-            Some(b'[') => match class_match(&pat[p..], name[n]) {
-                Some((true, len)) => Some(p + len),
-                Some((false, _)) => None,
-                None => (name[n] == b'[').then_some(p + 1),
-            },
-            Some(&c) => (c == name[n]).then_some(p + 1),
-            None => None,
-        };
-        match (step, star) {
-            (Some(np), _) => {
-                p = np;
-                n += 1;
-            }
-            (None, Some((sp, sn))) => {
-                p = sp + 1;
-                n = sn + 1;
-                star = Some((sp, sn + 1));
-            }
-            (None, None) => return false,
-        }
-    }
-    pat[p..].iter().all(|&c| c == b'*')
-}
-
-/// For `class` starting with `[`: whether `c` is in the set and the class's length, or
-/// `None` when the class is not closed.
-fn class_match(class: &[u8], c: u8) -> Option<(bool, usize)> {
-    let mut i = 1;
-    let negate = matches!(class.get(i), Some(b'!' | b'^'));
-    if negate {
-        i += 1;
-    }
-    let mut hit = false;
-    let mut first = true;
-    loop {
-        let &x = class.get(i)?;
-        if x == b']' && !first {
-            return Some((hit != negate, i + 1));
-        }
-        first = false;
-        if class.get(i + 1) == Some(&b'-') && class.get(i + 2).is_some_and(|&y| y != b']') {
-            hit |= (x..=class[i + 2]).contains(&c);
-            i += 3;
-        } else {
-            hit |= x == c;
-            i += 1;
-        }
-    }
+/// The matcher for one path component of a pattern (see the module documentation):
+/// [`globset`] syntax with wildcards that never cross a `/`, unclosed `[` taken literally
+/// and backslashes as ordinary characters (file names may contain them; `[*]` escapes).
+/// Fails on a malformed pattern such as `[z-a]` or an unclosed `{`.
+pub fn component_matcher(pattern: &str) -> Result<globset::GlobMatcher, globset::Error> {
+    Ok(globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .backslash_escape(false)
+        .allow_unclosed_class(true)
+        .build()?
+        .compile_matcher())
 }
 
 /// What a document is.
@@ -415,7 +384,7 @@ mod tests {
 
     #[test]
     fn wildcards_match_like_a_shell() {
-        let m = |p: &str, n: &str| wildcard_match(p.as_bytes(), n.as_bytes());
+        let m = |p: &str, n: &str| component_matcher(p).unwrap().is_match(n);
         assert!(m("*.pdf", "scan.pdf"));
         assert!(m("*.pdf", ".pdf"));
         assert!(!m("*.pdf", "scan.pdf.png"));
@@ -431,6 +400,19 @@ mod tests {
         assert!(m("a[b", "a[b"), "an unclosed class is literal");
         assert!(m("*", ""));
         assert!(!m("?", ""));
+        // What globset adds, and what it must not change.
+        assert!(m("scan-{a,b}.pdf", "scan-b.pdf"));
+        assert!(!m("scan-{a,b}.pdf", "scan-c.pdf"));
+        assert!(m("p[[:digit:]]", "p7"));
+        assert!(m("[*]x", "*x") && !m("[*]x", "ax"));
+        assert!(m(r"a\*", r"a\b"), "a backslash is an ordinary character");
+        assert!(
+            !m("*", "a/b") && !m("a?b", "a/b"),
+            "wildcards do not cross a /"
+        );
+        assert!(m("**", "x") && m("a**b", "ab"));
+        assert!(component_matcher("[z-a]").is_err());
+        assert!(component_matcher("{a,b").is_err());
     }
 
     #[test]
@@ -477,6 +459,13 @@ mod tests {
         let e = r[0].as_ref().unwrap_err();
         assert!(matches!(e, InputError::NoMatch { .. }));
         assert!(e.to_string().contains("*.tiff"), "{e}");
+        // A wildcard only matches a leading dot when the component starts with one.
+        assert_eq!(ok(expand(&[root.join(".*.pdf")])), [".hidden.pdf"]);
+        assert_eq!(ok(expand(&[root.join("{b,d}.*")])), ["b.pdf", "d.jpg"]);
+        let r = expand(&[root.join("[z-a]*.pdf")]);
+        let e = r[0].as_ref().unwrap_err();
+        assert!(matches!(e, InputError::Pattern { .. }), "{e}");
+        assert!(e.to_string().contains("[z-a]*.pdf"), "{e}");
     }
 
     #[test]

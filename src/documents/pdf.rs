@@ -32,7 +32,7 @@ pub use pdfium::{
 /// Rendering resolution in dots per inch (a PDF point is 1/72 inch).
 pub const PDF_DPI: f32 = 200.0;
 /// Longest side of a rendered page in pixels (LightOnOCR's `longest_edge`).
-pub const PDF_MAX_SIDE: u32 = 1540;
+pub const PDF_MAX_SIDE: u32 = ocrctl_exporters::contract::image::LONGEST_EDGE;
 /// Documents with more pages than this are refused.
 pub const PDF_MAX_PAGES: usize = 500;
 

@@ -37,11 +37,11 @@
 //! assert_eq!(tokens, 3);
 //! ```
 
-use crate::runtime::backend::{Backend, BackendError, StepLogits};
 use crate::generation::generate::{
     argmax_and_top_k, log_sum_exp, merge_image_features, FinishReason, Generation, TokenLogprob,
 };
 use crate::generation::sampling::{Sampler, SamplingParams};
+use crate::runtime::backend::{Backend, BackendError, StepLogits};
 use ndarray::{concatenate, Array2, Array4, Axis};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -92,8 +92,49 @@ pub enum Event<'a> {
     /// The request finished (successfully or not); it has left the batch.
     Done {
         index: usize,
-        result: &'a Result<Generation, String>,
+        result: &'a Result<Generation, EngineError>,
     },
+}
+
+/// Why a request ended without a generation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// Its sampling parameters were refused.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// Prompt + new tokens do not fit the fixed-size KV cache.
+    #[error(
+        "the prompt ({prompt} tokens) and max_new_tokens ({max_new}) need {need} positions; \
+         the KV cache holds {cap} per sequence (max_sequence_length)"
+    )]
+    TooLong {
+        prompt: usize,
+        max_new: usize,
+        need: usize,
+        cap: usize,
+    },
+    /// The runtime failed (prefill, or a decoder step shared with others).
+    #[error("{0}")]
+    Runtime(String),
+    /// A bug caught while choosing its token (the others go on).
+    #[error("internal error while choosing a token: {0}")]
+    Internal(String),
+    /// The caller cancelled it ([`Flow::Cancel`]).
+    #[error("cancelled")]
+    Cancelled,
+    /// [`Engine::run`] ended before admitting it (never happens unless the engine is broken).
+    #[error("request was never scheduled")]
+    NeverScheduled,
+}
+
+impl EngineError {
+    /// Whether the request itself is at fault (a client error), not the engine.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            EngineError::InvalidParams(_) | EngineError::TooLong { .. }
+        )
+    }
 }
 
 /// What the caller wants after seeing a [`Event::Token`] (ignored for [`Event::Done`]).
@@ -243,7 +284,7 @@ impl<B: Backend> Engine<B> {
             Err(e) => {
                 on_event(Event::Done {
                     index,
-                    result: &Err(e.to_string()),
+                    result: &Err(EngineError::InvalidParams(e.to_string())),
                 });
                 return;
             }
@@ -263,12 +304,12 @@ impl<B: Backend> Engine<B> {
             if need > cap {
                 on_event(Event::Done {
                     index,
-                    result: &Err(format!(
-                        "the prompt ({} tokens) and max_new_tokens ({}) need {need} positions; \
-                         the KV cache holds {cap} per sequence (max_sequence_length)",
-                        req.prompt_ids.len(),
-                        req.max_new_tokens
-                    )),
+                    result: &Err(EngineError::TooLong {
+                        prompt: req.prompt_ids.len(),
+                        max_new: req.max_new_tokens,
+                        need,
+                        cap,
+                    }),
                 });
                 return;
             }
@@ -286,7 +327,7 @@ impl<B: Backend> Engine<B> {
             Err(e) => {
                 on_event(Event::Done {
                     index,
-                    result: &Err(e.to_string()),
+                    result: &Err(EngineError::Runtime(e.to_string())),
                 });
             }
         }
@@ -323,10 +364,7 @@ impl<B: Backend> Engine<B> {
                 Err(panic) => {
                     on_event(Event::Done {
                         index: a.index,
-                        result: &Err(format!(
-                            "internal error while choosing a token: {}",
-                            panic_message(panic.as_ref())
-                        )),
+                        result: &Err(EngineError::Internal(panic_message(panic.as_ref()))),
                     });
                     continue;
                 }
@@ -347,7 +385,7 @@ impl<B: Backend> Engine<B> {
             if flow == Flow::Cancel {
                 on_event(Event::Done {
                     index: a.index,
-                    result: &Err("cancelled".into()),
+                    result: &Err(EngineError::Cancelled),
                 });
                 continue;
             }
@@ -406,7 +444,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
             Err(e) => {
-                let r = Err(e.to_string());
+                let r = Err(EngineError::Runtime(e.to_string()));
                 for m in metas {
                     on_event(Event::Done {
                         index: m.0,
@@ -424,8 +462,8 @@ impl<B: Backend> Engine<B> {
         &mut self,
         requests: impl IntoIterator<Item = GenRequest>,
         on_event: &mut dyn FnMut(Event),
-    ) -> Vec<Result<Generation, String>> {
-        let mut results: Vec<Option<Result<Generation, String>>> = Vec::new();
+    ) -> Vec<Result<Generation, EngineError>> {
+        let mut results: Vec<Option<Result<Generation, EngineError>>> = Vec::new();
         let mut pending = requests.into_iter().enumerate().peekable();
         let mut batch = Batch::new();
         let mut record = |ev: Event| {
@@ -451,7 +489,7 @@ impl<B: Backend> Engine<B> {
         }
         results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err("request was never scheduled".into())))
+            .map(|r| r.unwrap_or(Err(EngineError::NeverScheduled)))
             .collect()
     }
 }
@@ -545,7 +583,7 @@ mod tests {
         let (four, seen4, tokens) = run(4);
         assert_eq!(seen1, 1);
         assert_eq!(seen4, 4);
-        let ids = |r: &Vec<Result<Generation, String>>| {
+        let ids = |r: &Vec<Result<Generation, EngineError>>| {
             r.iter()
                 .map(|g| g.as_ref().unwrap().token_ids.clone())
                 .collect::<Vec<_>>()
@@ -574,7 +612,12 @@ mod tests {
             image_token_id: 99,
         };
         let r = e.run(vec![bad, req(vec![1, 99, 3], 3, 5)], &mut |_| {});
-        assert!(r[0].as_ref().unwrap_err().contains("top_p"));
+        let err = r[0].as_ref().unwrap_err();
+        assert!(
+            matches!(err, EngineError::InvalidParams(m) if m.contains("top_p")),
+            "{err}"
+        );
+        assert!(err.is_client_error());
         assert_eq!(r[1].as_ref().unwrap().token_ids.len(), 3);
     }
 
@@ -628,8 +671,10 @@ mod tests {
         ];
         let r = e.run(reqs, &mut |_| {});
         let err = r[1].as_ref().unwrap_err();
+        assert!(matches!(err, EngineError::Internal(_)), "{err:?}");
         assert!(
-            err.contains("internal error while choosing a token"),
+            err.to_string()
+                .contains("internal error while choosing a token"),
             "{err}"
         );
         assert_eq!(r[0].as_ref().unwrap().token_ids.len(), 4);
@@ -695,7 +740,11 @@ mod flow_tests {
         bad.images = vec![Array4::zeros((1, 3, 1, 20))];
         let out = engine().run(vec![bad], &mut |_| {});
         assert!(
-            out[0].as_ref().unwrap_err().contains("2 image tokens"),
+            out[0]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("2 image tokens"),
             "{out:?}"
         );
     }
@@ -704,7 +753,7 @@ mod flow_tests {
     fn finish_and_cancel_leave_the_batch_and_others_continue() {
         let mut e = engine();
         let mut batch = Batch::new();
-        let mut done: Vec<(usize, Result<Generation, String>)> = Vec::new();
+        let mut done: Vec<(usize, Result<Generation, EngineError>)> = Vec::new();
         let mut seen = [0usize; 3];
         for i in 0..3 {
             e.admit(
@@ -735,7 +784,7 @@ mod flow_tests {
         let g0 = done[0].1.as_ref().unwrap();
         assert_eq!(g0.token_ids, vec![1, 2]);
         assert_eq!(g0.finish_reason, FinishReason::Stop);
-        assert_eq!(done[1].1.as_ref().unwrap_err(), "cancelled");
+        assert_eq!(done[1].1.as_ref().unwrap_err(), &EngineError::Cancelled);
         let g2 = done[2].1.as_ref().unwrap();
         assert_eq!(g2.token_ids, vec![21, 22, 23, 24, 25, 26]);
         assert_eq!(g2.finish_reason, FinishReason::Length);

@@ -4,5 +4,5 @@
 //! [`generate`] (greedy generation of one request, stop ids, finish reasons).
 
 pub mod engine;
-pub mod sampling;
 pub mod generate;
+pub mod sampling;

@@ -157,6 +157,24 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// The sampling defaults of the model in `dir` (an export or a checkpoint): its
+    /// `generation_config.json` as [`SamplingParams::from_generation_config`] reads it, or
+    /// greedy when it has none — what `serve` and `ocr` both start from (requests and flags
+    /// override single fields), as vLLM does. Errors name the file.
+    pub fn model_defaults(dir: &std::path::Path) -> Result<Self, String> {
+        let path = dir.join("generation_config.json");
+        match std::fs::read_to_string(&path) {
+            Ok(t) => {
+                let v: Value = serde_json::from_str(&t)
+                    .map_err(|e| format!("{}: invalid JSON: {e}", path.display()))?;
+                SamplingParams::from_generation_config(&v)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SamplingParams::greedy()),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
     /// Reads a `generation_config.json` with transformers' semantics: `do_sample` false or
     /// absent → greedy (temperature, top-p and top-k are then ignored, as transformers
     /// does); otherwise `temperature` (default 1), `top_p` (default 1) and `top_k` (default
@@ -544,6 +562,27 @@ fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn model_defaults_come_from_generation_config_or_are_greedy() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(
+            SamplingParams::model_defaults(d.path()).unwrap(),
+            SamplingParams::greedy()
+        );
+        let f = d.path().join("generation_config.json");
+        std::fs::write(
+            &f,
+            r#"{"do_sample": true, "temperature": 0.2, "top_p": 0.9, "top_k": 0}"#,
+        )
+        .unwrap();
+        let p = SamplingParams::model_defaults(d.path()).unwrap();
+        assert_eq!((p.temperature, p.top_p, p.top_k), (0.2, 0.9, 0));
+        std::fs::write(&f, "{").unwrap();
+        let e = SamplingParams::model_defaults(d.path()).unwrap_err();
+        assert!(e.contains("generation_config.json: invalid JSON"), "{e}");
+    }
+
     use super::*;
     use crate::generation::generate::argmax_and_top_k;
 

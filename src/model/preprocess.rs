@@ -148,7 +148,7 @@ pub const CLIP_STD: [f32; 3] = [0.26862954, 0.26130258, 0.27577711];
 impl Default for PreprocessConfig {
     fn default() -> Self {
         Self {
-            longest_edge: 1540,
+            longest_edge: ocrctl_exporters::contract::image::LONGEST_EDGE,
             patch_size: 14,
             merge_size: 2,
             image_mean: CLIP_MEAN,

@@ -34,7 +34,8 @@ pub const CHAT_TEMPLATE_JSON_FILE: &str = "chat_template.json";
 
 pub(crate) const TEMPLATE_NAME: &str = "chat_template";
 /// Special-token variables that transformers passes to chat templates.
-pub(crate) const SPECIAL_TOKEN_VARS: [&str; 4] = ["bos_token", "eos_token", "pad_token", "unk_token"];
+pub(crate) const SPECIAL_TOKEN_VARS: [&str; 4] =
+    ["bos_token", "eos_token", "pad_token", "unk_token"];
 
 /// Errors from loading or using the tokenizer and chat template.
 #[derive(Debug, thiserror::Error)]
@@ -402,10 +403,10 @@ impl Prompter {
     }
 }
 
-mod template;
 mod stream;
-use template::*;
+mod template;
 pub use stream::*;
+use template::*;
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,7 @@
 //! profile on one device ([`budget`]), and what an export supports.
 
 use super::*;
+use ocrctl_exporters::contract::{graph, tensor};
 
 /// One line of a [`Budget`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -280,7 +281,7 @@ pub fn budget_with(
 
     let logits = mul(&[b, d.vocab, 4]);
     rows.push(BudgetRow {
-        item: "logits".into(),
+        item: tensor::LOGITS.into(),
         bytes: logits,
         detail: format!("{b} × {} × 4 B (last position only)", d.vocab),
     });
@@ -487,7 +488,7 @@ pub fn vision_attention_fused_in(manifest: &Manifest, precision: Precision) -> b
     manifest
         .graphs
         .get(&precision)
-        .and_then(|g| g.get("vision_encoder"))
+        .and_then(|g| g.get(graph::VISION))
         .is_some_and(|g| {
             g.op_counts
                 .keys()
@@ -503,7 +504,7 @@ pub fn decoder_updates_kv_in_place(manifest: &Manifest, precision: Precision) ->
     parts
         .and_then(|g| {
             g.get("decoder_gqa")
-                .or_else(|| g.get("decoder_model_merged"))
+                .or_else(|| g.get(graph::DECODER_MERGED))
         })
         .is_some_and(|g| {
             g.op_counts

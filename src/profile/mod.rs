@@ -49,7 +49,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
 pub const PROFILES_DIR_ENV: &str = "OCRCTL_PROFILES_DIR";
 
 /// Largest image side the model accepts (the preprocessor caps the longest side at 1540 px).
-pub const MAX_IMAGE_SIDE: u32 = 1540;
+pub const MAX_IMAGE_SIDE: u32 = ocrctl_exporters::contract::image::LONGEST_EDGE;
 
 /// Image sides are multiples of this (patch 14 × spatial merge 2).
 pub const IMAGE_SIDE_UNIT: u32 = 28;

@@ -188,7 +188,7 @@ impl Profile {
 
     /// Parses and validates YAML text; `source` names it in errors.
     pub fn parse(text: &str, source: ProfileSource) -> Result<Profile, ProfileError> {
-        let mut p: Profile = serde_yaml::from_str(text).map_err(|e| ProfileError::Schema {
+        let mut p: Profile = yaml_serde::from_str(text).map_err(|e| ProfileError::Schema {
             file: source.to_string(),
             message: e.to_string(),
         })?;
@@ -409,7 +409,12 @@ impl Profile {
 }
 
 /// A GiB value: finite, not negative, at most 64 TiB; zero only where `zero_ok`.
-pub(crate) fn check_gb(p: &Profile, field: &str, v: f64, zero_ok: bool) -> Result<(), ProfileError> {
+pub(crate) fn check_gb(
+    p: &Profile,
+    field: &str,
+    v: f64,
+    zero_ok: bool,
+) -> Result<(), ProfileError> {
     if !v.is_finite() {
         return Err(p.invalid(field, format!("{v} is not a finite number of GiB")));
     }

@@ -41,25 +41,19 @@ pub struct ModelDims {
 }
 
 impl ModelDims {
-    /// LightOnOCR-2-1B (the hub's `config.json`).
-    pub const LIGHTONOCR_2_1B: ModelDims = ModelDims {
-        vision_hidden: 1024,
-        vision_layers: 24,
-        vision_heads: 16,
-        vision_head_dim: 64,
-        vision_intermediate: 4096,
-        patch: 14,
-        image_size: 1540,
-        text_hidden: 1024,
-        text_layers: 28,
-        text_heads: 16,
-        text_kv_heads: 8,
-        text_head_dim: 128,
-        text_intermediate: 3072,
-        vocab: 151936,
-        merge: 2,
-        max_positions: 16384,
-    };
+    /// LightOnOCR-2-1B, from the hub's `config.json` embedded in the exporter (the one
+    /// source of the model's shapes; `profiles check` without `--model` uses it).
+    pub fn lightonocr_2_1b() -> ModelDims {
+        static DIMS: std::sync::OnceLock<ModelDims> = std::sync::OnceLock::new();
+        *DIMS.get_or_init(|| {
+            let v: serde_json::Value =
+                serde_json::from_str(ocrctl_exporters::config::LIGHTONOCR_2_1B_CONFIG)
+                    .expect("the embedded config is JSON");
+            let c = ModelConfig::from_json(&v, Path::new("lightonocr-2-1b.config.json"))
+                .expect("the embedded config parses");
+            ModelDims::from_config(&c)
+        })
+    }
 
     /// The dimensions of a parsed `config.json` (e.g. an export's manifest).
     pub fn from_config(c: &ModelConfig) -> ModelDims {

@@ -1,7 +1,6 @@
 //! Tests of profiles: schema, validation, shapes and budgets.
 
 use super::*;
-use std::path::Path;
 
 fn yaml_16gb() -> &'static str {
     builtin("16gb").unwrap()
@@ -29,16 +28,33 @@ fn with(text: &str, key: &str, value: &str) -> String {
 }
 
 #[test]
-fn dims_of_the_embedded_config_match_the_constant() {
-    let v: serde_json::Value =
-        serde_json::from_str(ocrctl_exporters::config::LIGHTONOCR_2_1B_CONFIG).unwrap();
-    let c = ModelConfig::from_json(&v, Path::new("config.json")).unwrap();
-    assert_eq!(ModelDims::from_config(&c), ModelDims::LIGHTONOCR_2_1B);
+fn dims_of_the_embedded_config_are_lightonocr_2_1b() {
+    let d = ModelDims::lightonocr_2_1b();
+    // The published model card's figures: 28 decoder layers of width 1024 with 16 query and
+    // 8 key/value heads of 128, a 24-layer Pixtral encoder of width 1024, 1540 px images.
+    assert_eq!(
+        (
+            d.text_layers,
+            d.text_hidden,
+            d.text_heads,
+            d.text_kv_heads,
+            d.text_head_dim
+        ),
+        (28, 1024, 16, 8, 128)
+    );
+    assert_eq!(
+        (d.vision_layers, d.vision_hidden, d.patch, d.merge),
+        (24, 1024, 14, 2)
+    );
+    assert_eq!(
+        (d.image_size, d.vocab, d.max_positions),
+        (1540, 151936, 16384)
+    );
 }
 
 #[test]
 fn kv_per_token_is_112_kib_in_16_bit() {
-    let d = ModelDims::LIGHTONOCR_2_1B;
+    let d = ModelDims::lightonocr_2_1b();
     assert_eq!(d.kv_bytes_per_token(2), 28 * 2 * 8 * 128 * 2);
     assert_eq!(d.kv_bytes_per_token(2), 112 * 1024);
     assert_eq!(d.kv_bytes_per_token(4), 224 * 1024);
@@ -105,7 +121,7 @@ fn missing_provider_section_is_named() {
 fn decoder_shapes_at_min_opt_max() {
     let d = ModelDims {
         text_layers: 2,
-        ..ModelDims::LIGHTONOCR_2_1B
+        ..ModelDims::lightonocr_2_1b()
     };
     assert_eq!(
         decoder_shapes(&d, 1, 1, 0, 1),
@@ -143,7 +159,7 @@ fn an_fp32_profile_is_advised_to_16_bit_activations() {
         ProfileSource::BuiltIn("cpu".into()),
     )
     .unwrap();
-    let d = ModelDims::LIGHTONOCR_2_1B;
+    let d = ModelDims::lightonocr_2_1b();
     let b = budget(&p, &d, 949 * MIB, Some(12 * GIB));
     assert!(!b.fits());
     assert_eq!(
@@ -170,15 +186,13 @@ fn an_fp32_profile_is_advised_to_16_bit_activations() {
 fn kv_budget_and_arena_limits_are_checked() {
     let t = with(yaml_16gb(), "kv_cache_gb", "4");
     let p = parse(&with(&t, "memory_limit_gb", "10")).unwrap();
-    let b = budget(&p, &ModelDims::LIGHTONOCR_2_1B, 900 * MIB, None);
+    let b = budget(&p, &ModelDims::lightonocr_2_1b(), 900 * MIB, None);
     assert!(!b.fits());
     assert!(b.problems.contains(&Problem::KvBudget {
         need: 5376 * MIB,
         budget: 4 * GIB
     }));
-    assert!(
-        matches!(b.problems.last(), Some(Problem::Arena { limit, .. }) if *limit == 10 * GIB)
-    );
+    assert!(matches!(b.problems.last(), Some(Problem::Arena { limit, .. }) if *limit == 10 * GIB));
     let adv: Vec<String> = b.advice().iter().map(|a| a.to_string()).collect();
     assert!(
         adv.iter()
@@ -212,7 +226,7 @@ fn budget_rows_for_a_small_profile_by_hand() {
         ),
     )
     .unwrap();
-    let d = ModelDims::LIGHTONOCR_2_1B;
+    let d = ModelDims::lightonocr_2_1b();
     let b = budget(&p, &d, 1000 * MIB, Some(16 * GIB));
     let row = |n: &str| b.rows.iter().find(|r| r.item == n).unwrap().bytes;
     assert_eq!(row("KV cache"), 2 * 4096 * 112 * 1024);

@@ -6,11 +6,11 @@
 //! the exporter ([`ocrctl_exporters::awq`]). Decode steps are not run: the prefill already
 //! covers the image tokens and the prompt, which dominate a page's activations.
 
-use crate::runtime::backend::Backend;
 use crate::generation::generate::merge_image_features;
-use crate::runtime::ortmodel::OrtModel;
 use crate::model::preprocess::{self, PreprocessConfig};
 use crate::model::prompt::Prompter;
+use crate::runtime::backend::Backend;
+use crate::runtime::ortmodel::OrtModel;
 use ocrctl_exporters::awq::{ActivationStats, ChannelStats};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -7,8 +7,8 @@
 //! candidate's argmax first differs, which equals the common prefix of the two free-running
 //! greedy decodes), and the cosine similarity of the image features.
 
-use crate::runtime::backend::{Backend, BackendError};
 use crate::generation::generate::merge_image_features;
+use crate::runtime::backend::{Backend, BackendError};
 use ndarray::{Array2, Array4};
 use serde::Serialize;
 

@@ -33,7 +33,11 @@ pub const CUDNN_LIB: &str = "libcudnn.so.9";
 /// (`<site-packages>/onnxruntime/capi/libonnxruntime.so.*`): `nvidia/cu13/lib` and
 /// `nvidia/cudnn/lib`, those that exist.
 pub fn wheel_dirs(ort_lib: &Path) -> Vec<PathBuf> {
-    let Some(site) = ort_lib.parent().and_then(Path::parent).and_then(Path::parent) else {
+    let Some(site) = ort_lib
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+    else {
         return Vec::new();
     };
     ["nvidia/cu13/lib", "nvidia/cudnn/lib"]
@@ -138,8 +142,8 @@ pub fn preload(ort_lib: &Path) -> &'static Preload {
 fn open_global(path: &Path) -> Result<(), String> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     // SAFETY: these are NVIDIA's runtime libraries; their initialisers only set up state.
-    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }
-        .map_err(|e| e.to_string())?;
+    let lib =
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| e.to_string())?;
     std::mem::forget(lib);
     Ok(())
 }
@@ -159,9 +163,15 @@ pub fn hint(message: &str) -> Option<&'static str> {
         Some("no NVIDIA driver: libcuda.so.1 is not on this machine (install the NVIDIA driver; in a container, run it with the GPU exposed)")
     } else if message.contains("libnvinfer") {
         Some("TensorRT 10 is not installed (its pip packages only download from NVIDIA's servers); the CUDA provider runs without it")
-    } else if ["libcublas", "libcudnn", "libcurand", "libcudart", "libcufft"]
-        .iter()
-        .any(|l| message.contains(l))
+    } else if [
+        "libcublas",
+        "libcudnn",
+        "libcurand",
+        "libcudart",
+        "libcufft",
+    ]
+    .iter()
+    .any(|l| message.contains(l))
     {
         Some("CUDA 13 / cuDNN 9 libraries not found: run scripts/setup.sh --gpu (pip wheels in .venv), or put CUDA 13's lib64 on LD_LIBRARY_PATH")
     } else {
@@ -181,7 +191,11 @@ mod tests {
         let ort = capi.join("libonnxruntime.so.1.31.1");
         std::fs::write(&ort, b"").unwrap();
         for l in libs {
-            let dir = if l.starts_with("libcudnn") { "nvidia/cudnn/lib" } else { "nvidia/cu13/lib" };
+            let dir = if l.starts_with("libcudnn") {
+                "nvidia/cudnn/lib"
+            } else {
+                "nvidia/cu13/lib"
+            };
             std::fs::create_dir_all(site.join(dir)).unwrap();
             std::fs::write(site.join(dir).join(l), b"").unwrap();
         }
@@ -224,7 +238,12 @@ mod tests {
         let (_, absent) = plan(&wheel_dirs(&ort));
         assert_eq!(
             absent,
-            ["libcublasLt.so.13", "libcublas.so.13", "libcurand.so.10", "libcudnn.so.9"]
+            [
+                "libcublasLt.so.13",
+                "libcublas.so.13",
+                "libcurand.so.10",
+                "libcudnn.so.9"
+            ]
         );
         let (_e, bare) = wheel_layout(&[]);
         assert!(wheel_dirs(&bare).is_empty());
@@ -236,7 +255,9 @@ mod tests {
     fn loader_messages_get_the_fix() {
         let m = "Failed to load library libonnxruntime_providers_cuda.so with error: libcublasLt.so.13: cannot open shared object file";
         assert!(hint(m).unwrap().contains("setup.sh --gpu"));
-        assert!(hint("libcuda.so.1: cannot open shared object file").unwrap().contains("driver"));
+        assert!(hint("libcuda.so.1: cannot open shared object file")
+            .unwrap()
+            .contains("driver"));
         assert!(hint("CUDA failure 100: no CUDA-capable device is detected").is_none());
     }
 

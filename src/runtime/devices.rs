@@ -30,10 +30,13 @@ impl FromStr for Device {
         if s.eq_ignore_ascii_case("cpu") {
             return Ok(Device::Cpu);
         }
-        let n = s.strip_prefix("cuda:").or(s.strip_prefix("gpu:")).unwrap_or(s);
-        n.parse::<u32>().map(Device::Gpu).map_err(|_| {
-            format!("`{s}` is not a device: give GPU indices (0,1) or `cpu`")
-        })
+        let n = s
+            .strip_prefix("cuda:")
+            .or(s.strip_prefix("gpu:"))
+            .unwrap_or(s);
+        n.parse::<u32>()
+            .map(Device::Gpu)
+            .map_err(|_| format!("`{s}` is not a device: give GPU indices (0,1) or `cpu`"))
     }
 }
 
@@ -121,7 +124,13 @@ mod tests {
             .collect();
         assert_eq!(
             d,
-            [Device::Gpu(0), Device::Cpu, Device::Gpu(3), Device::Cpu, Device::Gpu(1)]
+            [
+                Device::Gpu(0),
+                Device::Cpu,
+                Device::Gpu(3),
+                Device::Cpu,
+                Device::Gpu(1)
+            ]
         );
         assert_eq!(labels(&d), ["gpu:0", "cpu:0", "gpu:3", "cpu:1", "gpu:1"]);
         let e = "x1".parse::<Device>().unwrap_err();

@@ -8,10 +8,10 @@
 //! [`gpumem`] (GPU memory from `nvidia-smi`).
 
 pub mod backend;
-pub mod ortmodel;
-pub mod ortlib;
-pub mod providers;
-pub mod libsearch;
-pub mod gpumem;
 pub mod cudalibs;
 pub mod devices;
+pub mod gpumem;
+pub mod libsearch;
+pub mod ortlib;
+pub mod ortmodel;
+pub mod providers;

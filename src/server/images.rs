@@ -18,7 +18,8 @@ pub const REMOTE_FETCH_TIMEOUT: Duration = Duration::from_secs(20);
 const DECODE_BYTES_PER_PIXEL: u64 = 11;
 
 /// What a PDF page costs: one bitmap at the renderer's largest side, 4 bytes a pixel.
-const PDF_PAGE_BYTES: u64 = 1540 * 1540 * 4;
+const PDF_PAGE_BYTES: u64 =
+    crate::documents::pdf::PDF_MAX_SIDE as u64 * crate::documents::pdf::PDF_MAX_SIDE as u64 * 4;
 
 /// Bounds the memory of images being decoded at once, across all requests: each decode
 /// first takes its estimated bytes ([`decode_cost`]) from the budget and gives them back

@@ -223,11 +223,36 @@ impl Metrics {
         );
         type Field = fn(&EngineGauges) -> f64;
         let per_engine: [(&str, &str, &str, Field); 5] = [
-            ("ocrctl_engine_ready", "gauge", "1 while this device's engine serves.", |e| e.ready as u8 as f64),
-            ("ocrctl_engine_batch_size", "gauge", "Requests in this device's decode batch.", |e| e.batch_size as f64),
-            ("ocrctl_engine_load_tokens", "gauge", "Tokens in hand on this device: prompt + remaining new tokens of its requests.", |e| e.load_tokens as f64),
-            ("ocrctl_engine_requests_total", "counter", "Requests this device's engine admitted.", |e| e.admitted as f64),
-            ("ocrctl_engine_generated_tokens_total", "counter", "Tokens this device's engine generated.", |e| e.generated as f64),
+            (
+                "ocrctl_engine_ready",
+                "gauge",
+                "1 while this device's engine serves.",
+                |e| e.ready as u8 as f64,
+            ),
+            (
+                "ocrctl_engine_batch_size",
+                "gauge",
+                "Requests in this device's decode batch.",
+                |e| e.batch_size as f64,
+            ),
+            (
+                "ocrctl_engine_load_tokens",
+                "gauge",
+                "Tokens in hand on this device: prompt + remaining new tokens of its requests.",
+                |e| e.load_tokens as f64,
+            ),
+            (
+                "ocrctl_engine_requests_total",
+                "counter",
+                "Requests this device's engine admitted.",
+                |e| e.admitted as f64,
+            ),
+            (
+                "ocrctl_engine_generated_tokens_total",
+                "counter",
+                "Tokens this device's engine generated.",
+                |e| e.generated as f64,
+            ),
         ];
         for (name, kind, help, f) in per_engine {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -295,7 +320,9 @@ mod tests {
                 })
                 .collect(),
         });
-        assert!(text.contains("ocrctl_engine_ready{device=\"cpu:0\"} 1\nocrctl_engine_ready{device=\"cpu:1\"} 0\n"));
+        assert!(text.contains(
+            "ocrctl_engine_ready{device=\"cpu:0\"} 1\nocrctl_engine_ready{device=\"cpu:1\"} 0\n"
+        ));
         assert!(text.contains("# TYPE ocrctl_engine_requests_total counter\nocrctl_engine_requests_total{device=\"cpu:0\"} 5\n"));
         assert!(text.contains("ocrctl_engine_batch_size{device=\"cpu:1\"} 2\n"));
         assert!(text.contains("ocrctl_image_decode_peak_bytes 7\n"));

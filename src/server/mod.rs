@@ -23,9 +23,9 @@ mod routes;
 pub mod stops;
 pub mod worker;
 
+use crate::generation::sampling::SamplingParams;
 use crate::model::preprocess::PreprocessConfig;
 use crate::model::prompt::Prompter;
-use crate::generation::sampling::SamplingParams;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::Next;

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-pub use super::worker::JobEvent;
 use super::metrics::Metrics;
+pub use super::worker::JobEvent;
 
 /// Lifecycle of a model (one engine's, or the server's: ready when one engine is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

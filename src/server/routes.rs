@@ -8,8 +8,8 @@ use super::metrics::{rss_bytes, EngineGauges, Gauges};
 use super::openai::{self, ChatParams};
 use super::worker::{Job, JobEvent, ModelState};
 use super::AppState;
-use crate::generation::engine::GenRequest;
 use crate::documents::inputs::page_separator;
+use crate::generation::engine::GenRequest;
 use crate::generation::sampling::SamplingParams;
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
@@ -243,7 +243,11 @@ impl Overrides {
     }
 }
 
-pub(crate) fn check_length(st: &AppState, prompt: usize, max_tokens: usize) -> Result<(), ApiError> {
+pub(crate) fn check_length(
+    st: &AppState,
+    prompt: usize,
+    max_tokens: usize,
+) -> Result<(), ApiError> {
     if prompt + max_tokens > st.cfg.max_sequence_length {
         return Err(ApiError::bad(
             "max_tokens",
@@ -419,4 +423,3 @@ pub async fn chat(
 
 mod ocr_form;
 pub use ocr_form::*;
-

@@ -8,13 +8,13 @@
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-pub use super::queue::{ModelState, Shared};
 use super::queue::EngineSlot;
+pub use super::queue::{ModelState, Shared};
 use super::stops::StopMatcher;
-use crate::runtime::backend::Backend;
-use crate::generation::engine::{Batch, Engine, Event, Flow, GenRequest};
+use crate::generation::engine::{Batch, Engine, EngineError, Event, Flow, GenRequest};
 use crate::generation::generate::FinishReason;
 use crate::model::prompt::{Prompter, StreamDecoder};
+use crate::runtime::backend::Backend;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -276,9 +276,16 @@ fn on_event(
                         completion_tokens: g.token_ids.len(),
                     });
                 }
-                Err(e) if e == "cancelled" => {}
+                Err(EngineError::Cancelled) => {}
+                Err(e) if e.is_client_error() => {
+                    let _ = r
+                        .events
+                        .send(JobEvent::Failed(ApiError::invalid(e.to_string())));
+                }
                 Err(e) => {
-                    let _ = r.events.send(JobEvent::Failed(ApiError::Engine(e.clone())));
+                    let _ = r
+                        .events
+                        .send(JobEvent::Failed(ApiError::Engine(e.to_string())));
                 }
             }
             Flow::Continue
@@ -434,12 +441,25 @@ mod tests {
 
     #[test]
     fn jobs_go_to_the_engine_with_the_fewest_tokens_in_hand() {
-        let shared = Arc::new(Shared::with_engines(8, vec!["cpu:0".into(), "cpu:1".into()]));
+        let shared = Arc::new(Shared::with_engines(
+            8,
+            vec!["cpu:0".into(), "cpu:1".into()],
+        ));
         for me in 0..2 {
-            spawn_engine(Slow { delay: Duration::from_millis(2) }, 2, &shared, me);
+            spawn_engine(
+                Slow {
+                    delay: Duration::from_millis(2),
+                },
+                2,
+                &shared,
+                me,
+            );
         }
         eventually("both engines ready", || {
-            shared.engines.iter().all(|e| e.state() == ModelState::Ready)
+            shared
+                .engines
+                .iter()
+                .all(|e| e.state() == ModelState::Ready)
         });
         // One long job: whichever engine takes it holds ~100k tokens from then on.
         let (big, _keep) = job(100_000, &[], Duration::from_secs(600));

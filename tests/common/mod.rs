@@ -59,6 +59,51 @@ pub fn export_fixture(out: &Path, extra: &[&str]) {
     ocrctl_ok(&args);
 }
 
+/// Whether a test that needs an optional tool (one `scripts/setup.sh --test` installs) should
+/// run. When the tool is `present`, yes. When it is absent, the test is skipped: one line
+/// `skipped: <test>: <tool> not found (<install>)` goes to stderr (written directly, so it
+/// shows through the test harness's output capture) and this returns `false` — unless
+/// `OCRCTL_REQUIRE_TEST_TOOLS=1` (CI sets it), in which case the absence fails the test.
+pub fn require_tool(test: &str, tool: &str, present: bool, install: &str) -> bool {
+    if present {
+        return true;
+    }
+    let msg = format!("{test}: {tool} not found ({install})");
+    if std::env::var("OCRCTL_REQUIRE_TEST_TOOLS").as_deref() == Ok("1") {
+        panic!("{msg}; OCRCTL_REQUIRE_TEST_TOOLS=1 makes a missing test tool a failure");
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped: {msg}");
+    false
+}
+
+/// `name` found as an executable file on `PATH`.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Whether `program args…` starts and exits successfully (its output is discarded).
+pub fn runs(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The repository's `.venv/bin/python` (made by `scripts/setup.sh`).
+pub fn venv_python() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")
+}
+
 /// Largest absolute difference of two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

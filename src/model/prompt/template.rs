@@ -33,7 +33,11 @@ pub(crate) fn read_json_if_exists(path: &Path) -> Result<Option<Value>, PromptEr
 }
 
 /// A special token from `tokenizer_config.json`: a string, `{content: ...}`, or null/absent.
-pub(crate) fn special_token(config: &Value, var: &str, path: &Path) -> Result<Option<String>, PromptError> {
+pub(crate) fn special_token(
+    config: &Value,
+    var: &str,
+    path: &Path,
+) -> Result<Option<String>, PromptError> {
     match config.get(var) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -87,7 +91,10 @@ pub(crate) fn find_chat_template(
 }
 
 /// Reads `chat_template` from a JSON object: a string or a list of `{name, template}`.
-pub(crate) fn template_field(value: &Value, path: &Path) -> Result<Option<(String, String)>, PromptError> {
+pub(crate) fn template_field(
+    value: &Value,
+    path: &Path,
+) -> Result<Option<(String, String)>, PromptError> {
     let field_err = |field: &str, problem: String| PromptError::Field {
         path: path.to_path_buf(),
         field: field.to_string(),

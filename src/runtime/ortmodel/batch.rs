@@ -8,6 +8,7 @@ use super::tensors::i64_tensor;
 use super::{KvPath, OrtCache, OrtModel};
 use crate::runtime::backend::BackendError;
 use half::f16;
+use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::graph::DType;
 use ort::value::DynTensor;
 
@@ -24,24 +25,24 @@ impl OrtModel {
         s: usize,
         past: Vec<DynTensor>,
     ) -> Result<Inputs, BackendError> {
-        const PART: &str = "decoder_model_merged";
+        const PART: &str = graph::DECODER_MERGED;
         let width = (mask.len() / b) as i64;
         let pos: Vec<i64> = pasts
             .iter()
             .flat_map(|p| *p as i64..(p + s) as i64)
             .collect();
         let mut inputs: Inputs = Vec::with_capacity(4 + past.len());
-        inputs.push(("inputs_embeds".into(), embeds));
+        inputs.push((tensor::INPUTS_EMBEDS.into(), embeds));
         inputs.push((
-            "attention_mask".into(),
+            tensor::ATTENTION_MASK.into(),
             i64_tensor(vec![b as i64, width], mask, PART)?,
         ));
         inputs.push((
-            "position_ids".into(),
+            tensor::POSITION_IDS.into(),
             i64_tensor(vec![b as i64, s as i64], pos, PART)?,
         ));
         inputs.push((
-            "num_logits_to_keep".into(),
+            tensor::NUM_LOGITS_TO_KEEP.into(),
             i64_tensor(vec![], vec![1], PART)?,
         ));
         inputs.extend(self.past_names.iter().cloned().zip(past));
@@ -71,7 +72,7 @@ impl OrtModel {
         old: Option<&BatchKv>,
         p: usize,
     ) -> Result<Vec<DynTensor>, BackendError> {
-        const PART: &str = "decoder_model_merged";
+        const PART: &str = graph::DECODER_MERGED;
         self.stats.repacks += 1;
         if let (KvPath::Bound, Some(r)) = (self.kv_path, self.repacker.as_mut()) {
             match r.pack(rows, old, p, self.dims) {

@@ -20,12 +20,13 @@ use super::tensors::{as_tensor, location, read_f};
 use super::OrtModel;
 use crate::runtime::backend::BackendError;
 use crate::runtime::providers::Provider;
+use ocrctl_exporters::contract::graph;
 use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{SessionInputValue, SessionOutputs};
 use ort::value::DynTensor;
 use std::borrow::Cow;
 
-const PART: &str = "decoder_model_merged";
+const PART: &str = graph::DECODER_MERGED;
 
 /// How decoder runs move the KV cache between steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

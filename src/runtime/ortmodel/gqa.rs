@@ -22,6 +22,7 @@
 
 use crate::runtime::backend::{BackendError, StepLogits};
 use half::f16;
+use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::graph::DType;
 use ort::memory::{Allocator, MemoryInfo};
 use ort::session::{IoBinding, Session};
@@ -29,7 +30,7 @@ use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementTyp
 use ort::AsPointer;
 use std::sync::{Arc, Mutex};
 
-const PART: &str = "decoder_model_gqa";
+const PART: &str = graph::DECODER_GQA;
 
 /// Which slots are taken; shared with the caches so that dropping one frees its slot.
 type Taken = Arc<Mutex<Vec<bool>>>;
@@ -106,11 +107,6 @@ impl GqaCache {
             })?);
         }
         let elem_bytes = if elem == DType::F16 { 2 } else { 4 };
-        let names = |prefix: &str| -> Vec<String> {
-            (0..layers)
-                .flat_map(|i| ["key", "value"].map(|k| format!("{prefix}.{i}.{k}")))
-                .collect()
-        };
         Ok(GqaCache {
             buffers,
             slot_bytes: kv_heads * max_seq * head_dim * elem_bytes,
@@ -122,12 +118,15 @@ impl GqaCache {
             kv_mem,
             taken: Arc::new(Mutex::new(vec![false; slots])),
             lens: vec![0; slots],
-            past_names: names("past_key_values")
+            past_names: tensor::cache_names(layers, false)
                 .into_iter()
                 .map(|n| std::ffi::CString::new(n).expect("no NUL"))
                 .collect(),
-            present_names: names("present"),
-            has_next_token: decoder.outputs().iter().any(|o| o.name() == "next_token"),
+            present_names: tensor::cache_names(layers, true),
+            has_next_token: decoder
+                .outputs()
+                .iter()
+                .any(|o| o.name() == tensor::NEXT_TOKEN),
         })
     }
 
@@ -230,9 +229,10 @@ impl GqaCache {
         let seqlens = Tensor::from_array(([rows], seqlens)).map_err(rt)?;
         let total = Tensor::from_array((Vec::<i64>::new(), vec![total])).map_err(rt)?;
         let mut b = decoder.create_binding().map_err(rt)?;
-        b.bind_input("inputs_embeds", &embeds).map_err(rt)?;
-        b.bind_input("seqlens_k", &seqlens).map_err(rt)?;
-        b.bind_input("total_sequence_length", &total).map_err(rt)?;
+        b.bind_input(tensor::INPUTS_EMBEDS, &embeds).map_err(rt)?;
+        b.bind_input(tensor::SEQLENS_K, &seqlens).map_err(rt)?;
+        b.bind_input(tensor::TOTAL_SEQUENCE_LENGTH, &total)
+            .map_err(rt)?;
         let shape = [
             rows as i64,
             self.kv_heads as i64,
@@ -258,16 +258,18 @@ impl GqaCache {
         }
         let full = !self.has_next_token || want.iter().any(|(_, f)| *f);
         let logits_mem = if full { host } else { &self.kv_mem };
-        b.bind_output_to_device("logits", logits_mem).map_err(rt)?;
+        b.bind_output_to_device(tensor::LOGITS, logits_mem)
+            .map_err(rt)?;
         if self.has_next_token {
-            b.bind_output_to_device("next_token", host).map_err(rt)?;
+            b.bind_output_to_device(tensor::NEXT_TOKEN, host)
+                .map_err(rt)?;
         }
         b.synchronize_inputs().map_err(rt)?;
         let t = std::time::Instant::now();
         let mut out = decoder.run_binding(&b).map_err(rt)?;
         let run_ns = t.elapsed().as_nanos() as u64;
         let t = std::time::Instant::now();
-        let next = match out.remove("next_token") {
+        let next = match out.remove(tensor::NEXT_TOKEN) {
             Some(v) => v
                 .try_extract_tensor::<i64>()
                 .map_err(|e| BackendError::runtime(PART, e))?
@@ -276,7 +278,7 @@ impl GqaCache {
             None => Vec::new(),
         };
         let logits = out
-            .remove("logits")
+            .remove(tensor::LOGITS)
             .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
         // One copy of just the rows that need their logits (the graph's are float32).
         let data = if full {

@@ -26,6 +26,7 @@ use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
 use kv::{BatchKv, KvDims};
 use ndarray::{Array2, Array4};
+use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use ocrctl_exporters::graph::DType;
 use ort::session::{Session, SessionInputValue};
@@ -171,13 +172,6 @@ fn verify_files(
     Ok(())
 }
 
-/// `past_key_values.{i}.key|value` or `present.{i}.key|value` in layer order.
-fn kv_names(prefix: &str, layers: usize) -> Vec<String> {
-    (0..layers)
-        .flat_map(|i| ["key", "value"].map(|k| format!("{prefix}.{i}.{k}")))
-        .collect()
-}
-
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
@@ -237,8 +231,8 @@ impl OrtModel {
         };
         let t = &manifest.model.text;
         let decoder_path = path_of(variant.part())?;
-        let vision = session::build(&env, &path_of("vision_encoder")?, opts, None)?.session;
-        let embed = session::build(&env, &path_of("embed_tokens")?, opts, None)?.session;
+        let vision = session::build(&env, &path_of(graph::VISION)?, opts, None)?.session;
+        let embed = session::build(&env, &path_of(graph::EMBED)?, opts, None)?.session;
         let decoder = session::build(&env, &decoder_path, opts, None)?;
         let placement = Placement::for_provider(decoder.provider, opts.providers.device_id)
             .map_err(|e| LoadError::Session {
@@ -320,8 +314,8 @@ impl OrtModel {
                 ..KvStats::default()
             },
             warned_placement: false,
-            past_names: kv_names("past_key_values", t.num_layers),
-            present_names: kv_names("present", t.num_layers),
+            past_names: tensor::cache_names(t.num_layers, false),
+            present_names: tensor::cache_names(t.num_layers, true),
             dims: KvDims {
                 kv_heads: t.num_kv_heads,
                 head_dim: t.head_dim,
@@ -409,20 +403,20 @@ impl Backend for OrtModel {
     }
 
     fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-        const PART: &str = "vision_encoder";
+        const PART: &str = graph::VISION;
         let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
         let data: Vec<f32> = pixel_values.iter().copied().collect();
         let input = float_tensor(self.act, shape, data, PART)?;
         let mut out = self
             .vision
             .run(vec![(
-                Cow::from("pixel_values"),
+                Cow::from(tensor::PIXEL_VALUES),
                 SessionInputValue::from(input),
             )])
             .map_err(|e| BackendError::runtime(PART, e))?;
         tap_outputs(&mut self.tap, &out, PART)?;
         let v = out
-            .remove("image_features")
+            .remove(tensor::IMAGE_FEATURES)
             .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
         let (shape, data) = read_f(&v, PART)?;
         Array2::from_shape_vec((shape[0], shape[1]), data)
@@ -430,7 +424,7 @@ impl Backend for OrtModel {
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-        const PART: &str = "embed_tokens";
+        const PART: &str = graph::EMBED;
         let v = self.embed_ids(vec![1, ids.len() as i64], ids)?;
         let (shape, data) = read_f(&v, PART)?;
         Array2::from_shape_vec((shape[1], shape[2]), data)
@@ -445,7 +439,7 @@ impl Backend for OrtModel {
         if self.gqa.is_some() {
             return self.gqa_forward(embeds, cache);
         }
-        const PART: &str = "decoder_model_merged";
+        const PART: &str = graph::DECODER_MERGED;
         let (s, d) = (embeds.nrows(), embeds.ncols());
         let past = cache.as_ref().map_or(0, |c| c.len);
         let data: Vec<f32> = embeds.into_iter().collect();
@@ -521,14 +515,17 @@ impl Backend for OrtModel {
 impl OrtModel {
     /// Embeddings of `ids` shaped `shape` (`[B, S]`) as a value of the graph's dtype.
     fn embed_ids(&mut self, shape: Vec<i64>, ids: &[u32]) -> Result<DynTensor, BackendError> {
-        const PART: &str = "embed_tokens";
+        const PART: &str = graph::EMBED;
         let ids = i64_tensor(shape, ids.iter().map(|t| *t as i64).collect(), PART)?;
         let mut out = self
             .embed
-            .run(vec![(Cow::from("input_ids"), SessionInputValue::from(ids))])
+            .run(vec![(
+                Cow::from(tensor::INPUT_IDS),
+                SessionInputValue::from(ids),
+            )])
             .map_err(|e| BackendError::runtime(PART, e))?;
         let v = out
-            .remove("inputs_embeds")
+            .remove(tensor::INPUTS_EMBEDS)
             .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
         as_tensor(v, PART)
     }

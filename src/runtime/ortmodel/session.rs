@@ -85,7 +85,8 @@ pub(super) fn build(
             Err(e) if !opts.providers.strict && order.len() > 1 && order[0] != Provider::Cpu => {
                 let failed = order.remove(0);
                 let e = e.to_string();
-                let hint = crate::runtime::cudalibs::hint(&e).map_or(String::new(), |h| format!(": {h}"));
+                let hint =
+                    crate::runtime::cudalibs::hint(&e).map_or(String::new(), |h| format!(": {h}"));
                 eprintln!(
                     "ocrctl: {} execution provider failed for {part} ({e}){hint}; falling back to {}",
                     failed.name(),
