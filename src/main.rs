@@ -15,6 +15,16 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "ocrctl", version, about, long_about = None)]
 struct Cli {
+    /// Log lines as `plain` text or `json` objects (level from RUST_LOG, e.g.
+    /// `RUST_LOG=ocrctl=debug` for one line per request).
+    #[arg(
+        long,
+        global = true,
+        env = "OCRCTL_LOG_FORMAT",
+        value_enum,
+        default_value = "plain"
+    )]
+    log_format: cli::logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,6 +51,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    cli::logging::init(cli.log_format);
     let result = match cli.command {
         Command::Export(a) => cli::export::run(a),
         Command::Ocr(a) => cli::ocr::run(a),

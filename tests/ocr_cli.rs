@@ -286,3 +286,53 @@ fn ocr_samples_with_the_models_generation_config_unless_told_otherwise() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--top-p"));
 }
+
+/// `--log-format json` (issue 11.5): the library's log lines are JSON objects with level,
+/// target and message; `RUST_LOG` sets the level.
+#[test]
+fn log_lines_can_be_json_and_rust_log_sets_the_level() {
+    let model = exported();
+    let img = fixture().join("images/aligned.png");
+    let args = [
+        "--log-format",
+        "json",
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "2",
+        img.to_str().unwrap(),
+    ];
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let logs: Vec<Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let verified = logs
+        .iter()
+        .find(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("verified")
+        })
+        .unwrap_or_else(|| panic!("no verified line in {err}"));
+    assert_eq!(verified["level"], "INFO");
+    assert!(verified["target"].as_str().unwrap().starts_with("ocrctl"));
+    // RUST_LOG=warn drops the info lines.
+    let quiet = std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("verified"));
+}

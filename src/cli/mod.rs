@@ -8,6 +8,7 @@ pub mod common;
 pub mod doctor;
 pub mod eval;
 pub mod export;
+pub mod logging;
 pub mod ocr;
 pub mod ocr_output;
 pub mod profiles;

@@ -118,8 +118,8 @@ fn spawn_engine(
             let t = std::time::Instant::now();
             match OrtModel::load(&dir, &opts) {
                 Ok(model) => {
-                    eprintln!(
-                        "ocrctl serve: model loaded{who} in {:.1} s (batch {batch})",
+                    tracing::info!(
+                        "model loaded{who} in {:.1} s (batch {batch})",
                         t.elapsed().as_secs_f64()
                     );
                     let engine = Engine {
@@ -134,19 +134,19 @@ fn spawn_engine(
                         move || worker::run_worker(engine, prompter, s2, me),
                         |why| {
                             if shared.state() == worker::ModelState::Failed {
-                                eprintln!(
-                                    "error: {why}{who}; exiting so that a supervisor restarts the server"
+                                tracing::error!(
+                                    "{why}{who}; exiting so that a supervisor restarts the server"
                                 );
                                 // Let the handlers send the failures of the requests in flight.
                                 std::thread::sleep(Duration::from_millis(300));
                                 std::process::exit(EXIT_ENGINE_DIED);
                             }
-                            eprintln!("error: {why}{who}; the other engines go on serving");
+                            tracing::error!("{why}{who}; the other engines go on serving");
                         },
                     );
                 }
                 Err(e) => {
-                    eprintln!("error: loading {}{who}: {e}", dir.display());
+                    tracing::error!("loading {}{who}: {e}", dir.display());
                     shared.set_failed(me, format!("loading the model failed: {e}"));
                     // A server that can never answer must not look alive to a supervisor.
                     if shared.state() == worker::ModelState::Failed {
@@ -279,9 +279,9 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
-        eprintln!("ocrctl serve: listening on http://{local}");
+        tracing::info!("listening on http://{local}");
         ocrctl::server::serve(listener, state, Duration::from_secs(a.shutdown_timeout)).await?;
-        eprintln!("ocrctl serve: stopped");
+        tracing::info!("stopped");
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -76,7 +76,7 @@ pub fn collect(
         let img = match preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS) {
             Ok(i) => i,
             Err(e) => {
-                eprintln!("warning: calibration image skipped: {e}");
+                tracing::warn!("calibration image skipped: {e}");
                 continue;
             }
         };

@@ -156,7 +156,7 @@ pub fn environment(
 /// call's error, which ocrctl reports once; below warnings nothing is printed.
 fn log_line(level: ort::logging::LogLevel, _category: &str, _id: &str, _loc: &str, msg: &str) {
     if level == ort::logging::LogLevel::Warning {
-        eprintln!("onnxruntime warning: {}", msg.trim());
+        tracing::warn!(target: "onnxruntime", "{}", msg.trim());
     }
 }
 

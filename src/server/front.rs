@@ -209,7 +209,7 @@ pub async fn serve(
                 Ok((s, _)) => s,
                 Err(e) => {
                     // Out of file descriptors, say: wait instead of spinning.
-                    eprintln!("ocrctl serve: accept failed: {e}");
+                    tracing::warn!("accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -240,8 +240,8 @@ pub async fn serve(
     }
     drop(listener);
     st.stopping.store(true, Ordering::Relaxed);
-    eprintln!(
-        "ocrctl serve: shutting down, finishing running requests (at most {} s)",
+    tracing::info!(
+        "shutting down, finishing running requests (at most {} s)",
         grace.as_secs()
     );
     let _ = closing_tx.send(true);
@@ -249,7 +249,7 @@ pub async fn serve(
     tokio::select! {
         _ = all_closed => {}
         _ = tokio::time::sleep(grace) => {
-            eprintln!("ocrctl serve: grace period over, ending the requests still running");
+            tracing::warn!("grace period over, ending the requests still running");
             let _ = st.cut.send(true);
             // Let the streams send their error event and [DONE].
             let _ = tokio::time::timeout(

@@ -280,6 +280,7 @@ pub(crate) fn now_secs() -> u64 {
 /// Queues `req`; the receiver hears its tokens.
 pub(crate) fn job(
     st: &AppState,
+    id: String,
     req: GenRequest,
     stop: Vec<String>,
     accepted: Instant,
@@ -287,6 +288,7 @@ pub(crate) fn job(
     let (tx, rx) = unbounded_channel();
     (
         Job {
+            id,
             req,
             stop,
             accepted,
@@ -389,9 +391,9 @@ pub async fn chat(
     req.logprobs = p.logprobs;
     req.top_logprobs = p.top_logprobs;
     req.ignore_eos = p.ignore_eos;
-    let (job, rx) = job(&st, req, p.stop.clone(), accepted);
-    st.shared.submit(job)?;
     let id = new_id("chatcmpl");
+    let (job, rx) = job(&st, id.clone(), req, p.stop.clone(), accepted);
+    st.shared.submit(job)?;
     let created = now_secs();
     if p.stream {
         return Ok(sse(

@@ -24,6 +24,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 /// One request for the engine.
 pub struct Job {
+    /// The response id (`chatcmpl-…`, `ocr-…-pN`), for logs.
+    pub id: String,
     pub req: GenRequest,
     /// Stop strings: generation ends before the first one the text contains.
     pub stop: Vec<String>,
@@ -66,6 +68,8 @@ struct Running {
     last_token: Option<Instant>,
     deadline: Instant,
     tokens: usize,
+    /// The response id, for logs.
+    id: String,
     /// Tokens this job added to its engine's load (prompt + max new tokens).
     cost: u64,
 }
@@ -139,6 +143,14 @@ pub fn run_worker<B: Backend>(
             let index = next_index;
             next_index += 1;
             slot.admitted.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                request = %job.id,
+                device = %slot.label,
+                prompt_tokens = job.req.prompt_ids.len(),
+                max_new_tokens = job.req.max_new_tokens,
+                waited_ms = job.accepted.elapsed().as_millis() as u64,
+                "admitted"
+            );
             shared
                 .metrics
                 .prompt_tokens
@@ -155,6 +167,7 @@ pub fn run_worker<B: Backend>(
                     want_logprobs: job.req.logprobs,
                     pending_logprobs: Vec::new(),
                     accepted: job.accepted,
+                    id: job.id,
                     last_token: None,
                     deadline: job.deadline,
                     tokens: 0,
@@ -171,10 +184,13 @@ pub fn run_worker<B: Backend>(
         }
         let n = batch.len();
         let t = Instant::now();
+        let span = tracing::trace_span!("step", device = %slot.label, batch = n).entered();
         engine.step(&mut batch, &mut |ev| {
             on_event(&mut running, &shared, slot, me, &name, ev)
         });
         let secs = t.elapsed().as_secs_f64();
+        tracing::trace!(ms = secs * 1e3, "decoder step");
+        drop(span);
         if secs > 0.0 {
             shared
                 .metrics
@@ -253,6 +269,18 @@ fn on_event(
                 return Flow::Continue;
             };
             shared.release(me, r.cost.saturating_sub(r.tokens as u64));
+            tracing::debug!(
+                request = %r.id,
+                device = %slot.label,
+                tokens = r.tokens,
+                seconds = r.accepted.elapsed().as_secs_f64(),
+                outcome = match &result {
+                    Ok(_) => "done",
+                    Err(EngineError::Cancelled) => "cancelled",
+                    Err(_) => "failed",
+                },
+                "finished"
+            );
             metrics
                 .request_duration
                 .observe(r.accepted.elapsed().as_secs_f64());
@@ -396,6 +424,7 @@ mod tests {
         let now = Instant::now();
         (
             Job {
+                id: "test".into(),
                 req: GenRequest::text(vec![15], max),
                 stop: stop.iter().map(|s| s.to_string()).collect(),
                 accepted: now,

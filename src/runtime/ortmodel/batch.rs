@@ -81,7 +81,7 @@ impl OrtModel {
                     return Ok(kv);
                 }
                 Err(e) => {
-                    eprintln!("ocrctl: repacking the KV cache in {} memory failed ({e}); repacking through host memory", self.placement.kv.allocation_device().as_str());
+                    tracing::warn!("repacking the KV cache in {} memory failed ({e}); repacking through host memory", self.placement.kv.allocation_device().as_str());
                     self.repacker = None;
                 }
             }

@@ -122,8 +122,8 @@ impl OrtModel {
                 Err(e) => e,
             };
             let r = self.run_plain(&inputs)?;
-            eprintln!(
-                "ocrctl: keeping the KV cache in {} memory failed ({bound_err}); falling back to host memory",
+            tracing::warn!(
+                "keeping the KV cache in {} memory failed ({bound_err}); falling back to host memory",
                 self.placement.kv.allocation_device().as_str()
             );
             self.kv_path = KvPath::Host;
@@ -147,8 +147,8 @@ impl OrtModel {
         let want = format!("{}:{}", want.allocation_device().as_str(), want.device_id());
         match r.1.first().map(location) {
             Some(got) if got != want && !self.warned_placement => {
-                eprintln!(
-                    "ocrctl: the KV cache was bound to {want} memory but came back in {got} memory"
+                tracing::warn!(
+                    "the KV cache was bound to {want} memory but came back in {got} memory"
                 );
                 self.warned_placement = true;
             }

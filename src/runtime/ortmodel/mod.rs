@@ -142,8 +142,8 @@ fn verify_files(
     decoder: DecoderVariant,
 ) -> Result<(), LoadError> {
     if manifest.files.is_empty() {
-        eprintln!(
-            "ocrctl: {} records no file digests (exported by an older ocrctl); not verified",
+        tracing::warn!(
+            "{} records no file digests (exported by an older ocrctl); not verified",
             dir.join(MANIFEST_NAME).display()
         );
         return Ok(());
@@ -163,8 +163,8 @@ fn verify_files(
         .map(|f| format!("onnx/{f}"))
         .collect();
     let r = ocrctl_exporters::verify::verify(dir, &manifest.files, |n| !others.contains(n))?;
-    eprintln!(
-        "ocrctl: verified {} files ({:.1} MiB) in {:.2} s (--no-verify skips this)",
+    tracing::info!(
+        "verified {} files ({:.1} MiB) in {:.2} s (--no-verify skips this)",
         r.files,
         r.bytes as f64 / (1024.0 * 1024.0),
         r.elapsed.as_secs_f64()
@@ -214,7 +214,7 @@ impl OrtModel {
         }
         let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
         match crate::runtime::providers::usable(&opts.providers) {
-            Ok((_, notes)) => notes.iter().for_each(|n| eprintln!("ocrctl: {n}")),
+            Ok((_, notes)) => notes.iter().for_each(|n| tracing::warn!("{n}")),
             Err(e) => {
                 return Err(LoadError::Session {
                     path: dir.to_path_buf(),
@@ -254,7 +254,7 @@ impl OrtModel {
             ) {
                 Ok(r) => Some(r),
                 Err(e) => {
-                    eprintln!("ocrctl: KV repack graph unavailable ({e}); batch caches are repacked through host memory");
+                    tracing::warn!("KV repack graph unavailable ({e}); batch caches are repacked through host memory");
                     None
                 }
             }
@@ -281,8 +281,8 @@ impl OrtModel {
                     path: decoder_path.clone(),
                     message: e.to_string(),
                 })?;
-                eprintln!(
-                    "ocrctl: GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB) in {} memory",
+                tracing::info!(
+                    "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB) in {} memory",
                     cache.slots,
                     cache.max_seq,
                     cache.bytes() as f64 / (1u64 << 30) as f64,

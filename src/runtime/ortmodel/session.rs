@@ -87,8 +87,8 @@ pub(super) fn build(
                 let e = e.to_string();
                 let hint =
                     crate::runtime::cudalibs::hint(&e).map_or(String::new(), |h| format!(": {h}"));
-                eprintln!(
-                    "ocrctl: {} execution provider failed for {part} ({e}){hint}; falling back to {}",
+                tracing::warn!(
+                    "{} execution provider failed for {part} ({e}){hint}; falling back to {}",
                     failed.name(),
                     order[0].name()
                 );

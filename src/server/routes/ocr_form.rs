@@ -131,6 +131,7 @@ pub async fn ocr(
     let mut jobs = Vec::with_capacity(pages.len());
     let mut rxs = Vec::with_capacity(pages.len());
     let mut prompt_tokens = 0;
+    let upload = new_id("ocr");
     for (ids, px) in pages {
         check_length(&st, ids.len(), max_tokens)?;
         prompt_tokens += ids.len();
@@ -141,6 +142,7 @@ pub async fn ocr(
         }
         let (j, rx) = job(
             &st,
+            format!("{upload}-p{}", rxs.len() + 1),
             gen_request(&st, ids, vec![px], params, max_tokens),
             vec![],
             accepted,
