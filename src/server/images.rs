@@ -1,5 +1,5 @@
 //! Request images to model inputs: `data:` payloads (and, with `--allow-remote-images`,
-//! plain `http://` fetches) decoded with the pixel limit checked from the header first,
+//! plain `http://` fetches, with hyper's HTTP/1 client) decoded with the pixel limit checked from the header first,
 //! PDFs rendered to pages, then preprocessed like `ocrctl ocr` does.
 
 use super::error::ApiError;
@@ -193,66 +193,51 @@ pub async fn resolve(
     Ok(out)
 }
 
-/// A minimal HTTP/1.1 GET over plain TCP (no redirects, no TLS), at most `max_bytes`.
+/// GET `url` (plain `http://`, no redirects, no TLS) with hyper's HTTP/1 client, keeping at most
+/// `max_bytes` of the body (chunked or not).
 async fn fetch(url: &str, max_bytes: usize) -> Result<Vec<u8>, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or("only http:// URLs can be fetched (https needs TLS, not built in)")?;
-    let (hostport, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    if hostport.is_empty() || hostport.contains('@') {
+    use http_body_util::{BodyExt, Empty, Limited};
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("bad URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("only http:// URLs can be fetched (https needs TLS, not built in)".into());
+    }
+    let authority = uri.authority().ok_or("bad host")?.clone();
+    if authority.as_str().contains('@') {
         return Err("bad host".into());
     }
-    let addr = if hostport.contains(':') {
-        hostport.to_string()
-    } else {
-        format!("{hostport}:80")
-    };
-    let mut s = tokio::net::TcpStream::connect(&addr)
+    let addr = (authority.host(), authority.port_u16().unwrap_or(80));
+    let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
-    let host = hostport;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: ocrctl\r\n\r\n")
-            .as_bytes(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16384];
-    loop {
-        let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > max_bytes + 65536 {
-            return Err(format!("response larger than {max_bytes} bytes"));
-        }
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    // The connection task ends with the response (or when this future is dropped).
+    let conn = tokio::spawn(conn);
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, authority.as_str())
+        .header(hyper::header::USER_AGENT, "ocrctl")
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    if resp.status() != hyper::StatusCode::OK {
+        conn.abort();
+        return Err(format!("HTTP status {}", resp.status().as_u16()));
     }
-    let end = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no HTTP header")?;
-    let head = String::from_utf8_lossy(&buf[..end]).to_string();
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    if status != "200" {
-        return Err(format!("HTTP status {status}"));
-    }
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return Err("chunked responses are not supported".into());
-    }
-    let body = buf[end + 4..].to_vec();
-    if body.len() > max_bytes {
-        return Err(format!("response larger than {max_bytes} bytes"));
-    }
-    Ok(body)
+    let body = Limited::new(resp.into_body(), max_bytes)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                format!("response larger than {max_bytes} bytes")
+            } else {
+                e.to_string()
+            }
+        })?;
+    conn.abort();
+    Ok(body.to_bytes().to_vec())
 }
 
 #[cfg(test)]
@@ -284,6 +269,56 @@ mod tests {
         // A client that left stops waiting.
         let _all = budget.acquire(100, &|| true).unwrap();
         assert!(budget.acquire(1, &|| false).is_none());
+    }
+
+    /// Serves `response` (raw bytes) to the first connection; returns its `http://` base.
+    async fn one_shot(response: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(&response).await;
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn remote_images_are_fetched_chunked_or_not_within_the_limit() {
+        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello".to_vec();
+        assert_eq!(
+            fetch(&(one_shot(plain).await + "/a.png"), 100)
+                .await
+                .unwrap(),
+            b"hello"
+        );
+        let chunked =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+                .to_vec();
+        assert_eq!(
+            fetch(&one_shot(chunked).await, 100).await.unwrap(),
+            b"abcde"
+        );
+        let big = b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n"
+            .iter()
+            .copied()
+            .chain(std::iter::repeat_n(b'x', 50))
+            .collect();
+        let e = fetch(&one_shot(big).await, 10).await.unwrap_err();
+        assert!(e.contains("larger than 10 bytes"), "{e}");
+        let missing = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec();
+        let e = fetch(&one_shot(missing).await, 10).await.unwrap_err();
+        assert_eq!(e, "HTTP status 404");
+        assert!(fetch("https://example.com/x.png", 10)
+            .await
+            .unwrap_err()
+            .contains("https"));
+        assert!(fetch("http://user@host/x", 10)
+            .await
+            .unwrap_err()
+            .contains("bad host"));
     }
 
     #[test]
