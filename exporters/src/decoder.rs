@@ -198,7 +198,7 @@ pub fn build(
             Dim::Fixed(t.vocab_size as i64),
         ],
     );
-    g.finish(&[("", 21)], &[])
+    g.finish(&[("", e.opset())], &[])
 }
 
 /// The Q, K and V projections of layer `pre` on the normed input `hn [B, S, D]`, reshaped to

@@ -173,7 +173,7 @@ pub fn build(
         &[("axis", Attr::Int(-1)), ("keepdims", Attr::Int(0))],
     );
     g.output(&next, tensor::NEXT_TOKEN, DType::I64, &[b, Dim::Fixed(1)]);
-    g.finish(&[("", 21), ("com.microsoft", 1)], &[])
+    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
 }
 
 #[cfg(test)]

@@ -45,5 +45,5 @@ pub fn build(
             Dim::Fixed(d as i64),
         ],
     );
-    g.finish(&[("", 21)], &[])
+    g.finish(&[("", e.opset())], &[])
 }

@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Opset of the default ONNX domain in every exported graph.
+/// Opset of the default ONNX domain of `--target tensorrt` graphs (`--target ort`: see
+/// [`crate::layers::Emit::opset`]).
 pub const OPSET: i64 = 21;
 /// Manifest file name inside an export.
 pub const MANIFEST: &str = "ocrctl.json";
@@ -540,6 +541,13 @@ pub fn export(
         graphs.insert(prec, parts);
     }
 
+    let target_opset = crate::layers::Emit {
+        act: DType::F32,
+        target: opts.target,
+        quant: None,
+        calibrate: false,
+    }
+    .opset();
     let manifest = Manifest {
         format: "ocrctl-export/1".into(),
         ocrctl_version: env!("CARGO_PKG_VERSION").into(),
@@ -548,8 +556,8 @@ pub fn export(
         source_files,
         checkpoint_digest: format!("{:x}", digest.finalize()),
         target: opts.target,
-        ir_version: crate::graph::IR_VERSION,
-        opset: OPSET,
+        ir_version: crate::graph::ir_version_for(&[("", target_opset)]),
+        opset: target_opset,
         precisions: opts.precisions.clone(),
         int4: opts
             .precisions

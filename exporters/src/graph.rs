@@ -25,6 +25,17 @@ use std::path::{Path, PathBuf};
 
 /// ONNX IR version written into every model.
 pub const IR_VERSION: i64 = 10;
+/// IR version of graphs whose default-domain opset is 23 or later (ONNX requires 11).
+pub const IR_VERSION_OPSET_23: i64 = 11;
+
+/// The IR version a graph with these opsets needs.
+pub fn ir_version_for(opsets: &[(&str, i64)]) -> i64 {
+    if opsets.iter().any(|(d, v)| d.is_empty() && *v >= 23) {
+        IR_VERSION_OPSET_23
+    } else {
+        IR_VERSION
+    }
+}
 /// Initializers at least this large go to the external-data file.
 pub const EXTERNAL_THRESHOLD: usize = 1024;
 /// Alignment of tensors in the external-data file (lets ONNX Runtime map them).
@@ -407,7 +418,7 @@ impl Graph {
             graph.message(GRAPH_OUTPUT, encode_value_info(v));
         }
         let mut model = Encoder::default();
-        model.int64(MODEL_IR_VERSION, IR_VERSION);
+        model.int64(MODEL_IR_VERSION, ir_version_for(opsets));
         model.string(MODEL_PRODUCER_NAME, "ocrctl");
         model.string(MODEL_PRODUCER_VERSION, env!("CARGO_PKG_VERSION"));
         model.message(MODEL_GRAPH, graph);

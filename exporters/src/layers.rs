@@ -2,9 +2,11 @@
 //!
 //! Every model part calls these helpers, so switching [`Target`] switches the whole export:
 //! - [`Target::TensorRt`]: standard ONNX ops only (what the onnx-tensorrt parser accepts).
-//! - [`Target::Ort`]: ONNX Runtime's fused contrib ops where they help on CUDA/CPU
-//!   (`SimplifiedLayerNormalization`, `com.microsoft.MultiHeadAttention` for the vision
-//!   encoder's unmasked attention, which avoids materialising S×S scores per head).
+//! - [`Target::Ort`]: fused ops where they help on CUDA/CPU: ONNX's own `RMSNormalization`
+//!   (opset 23, so `onnx.checker` and every ONNX tool accept the graphs; ONNX Runtime ≥ 1.23
+//!   runs it on CPU and CUDA), `com.microsoft.MultiHeadAttention` for the vision encoder's
+//!   unmasked attention (avoids materialising S×S scores per head) and, in the GQA decoder,
+//!   `com.microsoft.GroupQueryAttention`.
 //!
 //! Numerics follow transformers: norms are computed in float32 and cast back before the
 //! weight multiply; attention softmax runs in float32.
@@ -36,6 +38,17 @@ pub struct Emit {
     /// Expose every Linear's input as an extra output `calib.<weight name>` (`[rows, K]`),
     /// for activation-aware calibration runs.
     pub calibrate: bool,
+}
+
+impl Emit {
+    /// The default-domain opset of this target's graphs: 23 for ONNX Runtime
+    /// (`RMSNormalization`), 21 for TensorRT (what its parsers are known to take).
+    pub fn opset(&self) -> i64 {
+        match self.target {
+            Target::Ort => 23,
+            Target::TensorRt => 21,
+        }
+    }
 }
 
 /// Prefix of the calibration outputs added when [`Emit::calibrate`] is set.
@@ -233,7 +246,7 @@ pub fn rms_norm(
     let scale = vector(g, e, w, name, len)?;
     if e.target == Target::Ort {
         return Ok(g.op(
-            "SimplifiedLayerNormalization",
+            "RMSNormalization",
             &[x, &scale],
             &[
                 ("axis", Attr::Int(-1)),

@@ -217,7 +217,7 @@ pub fn build(
             Dim::Fixed(cfg.text.hidden_size as i64),
         ],
     );
-    g.finish(&[("", 21), ("com.microsoft", 1)], &[])
+    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
 }
 
 /// RMSNorm → 2×2 channel-major unfold → merging Linear → Linear → GELU → Linear.
