@@ -1,7 +1,9 @@
 //! `decoder_model_merged.onnx`: the Qwen3 decoder with KV cache and lm_head.
 //!
-//! Inputs `inputs_embeds [B, S, D]`, `attention_mask [B, P+S]` (int64, 1 = real token),
-//! `position_ids [B, S]`, `past_key_values.{i}.key|value [B, kv_heads, P, head_dim]`, and an
+//! Inputs `inputs_embeds [B, S, D]`, `attention_mask [B, P+S]` (int64, 1 = real token; rows
+//! right-aligned), `position_ids [B, S]` (`--target tensorrt` only: the ONNX Runtime graph
+//! derives positions from the mask, as the onnx-community decoders do),
+//! `past_key_values.{i}.key|value [B, kv_heads, P, head_dim]`, and an
 //! optional `num_logits_to_keep` (int64 scalar, default 0 = all positions; 1 during prefill
 //! avoids a `[B, S, vocab]` tensor). Outputs `logits [B, S', vocab]` (float32) and
 //! `present.{i}.key|value [B, kv_heads, P+S, head_dim]` (after q/k-norm and RoPE).
@@ -45,7 +47,10 @@ pub fn build(
         DType::I64,
         &[b.clone(), total.clone()],
     );
-    let pos_in = g.input(tensor::POSITION_IDS, DType::I64, &[b.clone(), s.clone()]);
+    // `--target tensorrt` takes positions as an input; the ONNX Runtime graph derives them
+    // from the mask like the onnx-community decoders (whose consumers pass no position_ids).
+    let pos_in = (e.target == layers::Target::TensorRt)
+        .then(|| g.input(tensor::POSITION_IDS, DType::I64, &[b.clone(), s.clone()]));
     let kv_dims = |len: &Dim| {
         vec![
             b.clone(),
@@ -89,6 +94,18 @@ pub fn build(
         g.op("Squeeze", &[&seq_len, &sq_axes], &[]),
         g.op("Squeeze", &[&total_len, &sq_axes], &[]),
     );
+    // Position of each new token: the number of unmasked tokens up to it, minus one (rows are
+    // right-aligned, padding masked), i.e. `(cumsum(attention_mask, 1) - 1)[:, P:]`.
+    let pos_in = match pos_in {
+        Some(p) => p,
+        None => {
+            let ax = g.scalar_i64(1);
+            let cs = g.op("CumSum", &[&mask_in, &ax], &[]);
+            let cs = g.op("Sub", &[&cs, &one], &[]);
+            let axes = g.const_i64(&[1]);
+            g.op("Slice", &[&cs, &past_len, &total_len, &axes], &[])
+        }
+    };
     let keys = g.op("Range", &[&zero, &t_s, &one], &[]);
     let queries = g.op("Range", &[&zero, &s_s, &one], &[]);
     let queries = g.op("Add", &[&queries, &p_s], &[]);

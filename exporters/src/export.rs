@@ -567,8 +567,16 @@ pub fn export(
         awq: awq_plan.map(|p| p.choices),
         model: cfg,
         graphs,
-        files: crate::verify::digest_tree(&tmp_path, MANIFEST)?,
+        files: Vec::new(),
     };
+    let all: Vec<(Precision, &GraphInfo)> = manifest
+        .graphs
+        .iter()
+        .flat_map(|(p, parts)| parts.values().map(move |g| (*p, g)))
+        .collect();
+    crate::processor::adapt_config(&tmp_path, manifest.model.image_token_id, &all)?;
+    let mut manifest = manifest;
+    manifest.files = crate::verify::digest_tree(&tmp_path, MANIFEST)?;
     let mpath = tmp_path.join(MANIFEST);
     let text = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
     std::fs::write(&mpath, text).map_err(|e| ExportError::io(&mpath, e))?;

@@ -6,13 +6,21 @@
 //! image patches and an end token after the image. LightOnOCR, transformers' LightOnOCR
 //! processor and vLLM use neither: the prompt holds `image_token × (rows · cols)` alone, and
 //! with the two tokens the full-size model's first answer token changes. The export writes
-//! them as `""` (no such token), which those readers honour. `preprocessor_config.json`, which
-//! transformers.js reads for the image settings, is written from the processor's
-//! `image_processor` block (or its flat settings) when the checkpoint has none. ocrctl reads
-//! neither field: its prompt and preprocessing already follow LightOnOCR.
+//! them as `""` (no such token), which transformers.js honours (fast-lightonocr 0.1.4 does
+//! not: it requires both tokens, so it can only build Pixtral's prompt). `preprocessor_config.json`,
+//! which transformers.js reads for the image settings and the processor class, is written from
+//! the processor's `image_processor` block (or its flat settings) when the checkpoint has none,
+//! and gets `processor_class` in any case. ocrctl reads none of these fields: its prompt and
+//! preprocessing already follow LightOnOCR.
+//!
+//! [`adapt_config`] adds what the onnx-community `config.json` carries beside the hub's:
+//! `image_token_index` and the `transformers.js_config` block (which graphs have external
+//! data, the KV-cache dtype per precision).
 
+use crate::export::Precision;
+use crate::graph::GraphInfo;
 use crate::ExportError;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::Path;
 
 /// The keys that would add Pixtral's row-break and image-end tokens to a prompt.
@@ -41,6 +49,11 @@ pub fn adapt(dir: &Path) -> Result<(), ExportError> {
         _ if obj.contains_key("image_processor_type") => Some(Value::Object(obj.clone())),
         _ => None,
     };
+    let processor_class = v
+        .get("processor_class")
+        .and_then(Value::as_str)
+        .unwrap_or("PixtralProcessor")
+        .to_string();
     let out = serde_json::to_string_pretty(&v).expect("JSON");
     std::fs::write(&path, out).map_err(|e| ExportError::io(&path, e))?;
     let pre = dir.join("preprocessor_config.json");
@@ -59,7 +72,63 @@ pub fn adapt(dir: &Path) -> Result<(), ExportError> {
         let out = serde_json::to_string_pretty(&ip).expect("JSON");
         std::fs::write(&pre, out).map_err(|e| ExportError::io(&pre, e))?;
     }
+    // transformers.js picks the processor (and with it the tokenizer) by this field.
+    if let Ok(text) = std::fs::read_to_string(&pre) {
+        let mut p: Value = serde_json::from_str(&text)
+            .map_err(|e| ExportError::config(&pre, format!("not valid JSON: {e}")))?;
+        if let Some(o) = p.as_object_mut() {
+            if !o.contains_key("processor_class") {
+                o.insert("processor_class".into(), Value::String(processor_class));
+                let out = serde_json::to_string_pretty(&p).expect("JSON");
+                std::fs::write(&pre, out).map_err(|e| ExportError::io(&pre, e))?;
+            }
+        }
+    }
     Ok(())
+}
+
+/// Adds the onnx-community fields to the export's `config.json` in `dir`: `image_token_index`
+/// (transformers-style name of `image_token_id`) and `transformers.js_config` with
+/// `use_external_data_format` (one data file for each graph that has one) and `kv_cache_dtype`
+/// (float16 for the 16-bit precisions). Other fields are kept as they are.
+pub fn adapt_config(
+    dir: &Path,
+    image_token_id: u32,
+    graphs: &[(Precision, &GraphInfo)],
+) -> Result<(), ExportError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ExportError::io(&path, e))?;
+    let mut v: Value = serde_json::from_str(&text)
+        .map_err(|e| ExportError::config(&path, format!("not valid JSON: {e}")))?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err(ExportError::config(&path, "expected a JSON object"));
+    };
+    obj.entry("image_token_index")
+        .or_insert(json!(image_token_id));
+    let external: serde_json::Map<String, Value> = graphs
+        .iter()
+        .filter(|(_, g)| g.data_file.is_some())
+        .map(|(_, g)| (g.file.clone(), json!(1)))
+        .collect();
+    let kv: serde_json::Map<String, Value> = graphs
+        .iter()
+        .filter(|(p, _)| *p == Precision::Fp16 || *p == Precision::Int4Fp16)
+        .map(|(p, _)| {
+            let name = if *p == Precision::Fp16 {
+                "fp16"
+            } else {
+                "q4f16"
+            };
+            (name.to_string(), json!("float16"))
+        })
+        .collect();
+    let mut js = json!({"use_external_data_format": external});
+    if !kv.is_empty() {
+        js["kv_cache_dtype"] = Value::Object(kv);
+    }
+    obj.insert("transformers.js_config".into(), js);
+    let out = serde_json::to_string_pretty(&v).expect("JSON");
+    std::fs::write(&path, out).map_err(|e| ExportError::io(&path, e))
 }
 
 #[cfg(test)]
@@ -88,16 +157,61 @@ mod tests {
         assert_eq!(p["image_processor"]["size"]["longest_edge"], 1540);
         let pre = read("preprocessor_config.json");
         assert_eq!(pre["image_processor_type"], "PixtralImageProcessorFast");
+        assert_eq!(pre["processor_class"], "PixtralProcessor");
         assert_eq!(
             (pre["patch_size"].clone(), pre["spatial_merge_size"].clone()),
             (json!(14), json!(2))
         );
-        // A checkpoint's own preprocessor_config.json is kept; no processor file, no change.
+        // A checkpoint's own preprocessor_config.json is kept (and given the processor class);
+        // no processor file, no change.
         std::fs::write(d.path().join("preprocessor_config.json"), "{\"mine\": 1}").unwrap();
         adapt(d.path()).unwrap();
         assert_eq!(read("preprocessor_config.json")["mine"], 1);
+        assert_eq!(
+            read("preprocessor_config.json")["processor_class"],
+            "PixtralProcessor"
+        );
         let empty = tempfile::tempdir().unwrap();
         adapt(empty.path()).unwrap();
         assert!(!empty.path().join("preprocessor_config.json").exists());
+    }
+
+    #[test]
+    fn config_gets_the_onnx_community_fields() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("config.json"),
+            r#"{"model_type": "mistral3", "image_token_id": 10}"#,
+        )
+        .unwrap();
+        let g = |file: &str, data: bool| GraphInfo {
+            file: file.into(),
+            data_file: data.then(|| format!("{file}_data")),
+            data_bytes: 0,
+            inputs: vec![],
+            outputs: vec![],
+            op_counts: Default::default(),
+        };
+        let (a, b) = (
+            g("embed_tokens.onnx", false),
+            g("decoder_model_merged_fp16.onnx", true),
+        );
+        adapt_config(
+            d.path(),
+            10,
+            &[(Precision::Fp32, &a), (Precision::Fp16, &b)],
+        )
+        .unwrap();
+        let c: Value =
+            serde_json::from_str(&std::fs::read_to_string(d.path().join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(c["model_type"], "mistral3");
+        assert_eq!(c["image_token_index"], 10);
+        let js = &c["transformers.js_config"];
+        assert_eq!(
+            js["use_external_data_format"],
+            json!({"decoder_model_merged_fp16.onnx": 1})
+        );
+        assert_eq!(js["kv_cache_dtype"], json!({"fp16": "float16"}));
     }
 }

@@ -11,7 +11,7 @@
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
 use crate::contract::tensor;
-use crate::graph::{Attr, Dim, Graph, Value};
+use crate::graph::{Attr, DType, Dim, Graph, Value};
 use crate::layers::{self, Emit};
 use crate::ExportError;
 
@@ -58,9 +58,10 @@ pub fn build(
     let d = v.hidden_size;
     let p = v.patch_size;
     let mut g = Graph::create(dir, stem)?;
+    // float32 in every precision (the onnx-community contract); 16-bit graphs cast inside.
     let pix = g.input(
         tensor::PIXEL_VALUES,
-        e.act,
+        DType::F32,
         &[
             Dim::Fixed(1),
             Dim::Fixed(v.num_channels as i64),
@@ -68,6 +69,7 @@ pub fn build(
             Dim::named("width"),
         ],
     );
+    let pix = layers::cast(&mut g, &pix, DType::F32, e.act);
 
     // Patch embedding: Conv(kernel = stride = patch), no bias → [1, D, h, w].
     let conv_w = w.get(
@@ -208,11 +210,16 @@ pub fn build(
     }
 
     let feats = g.scoped("projector", |g| projector(g, e, cfg, w, &x, &h, &wd))?;
+    // [1, N, hidden] as the onnx-community encoders (and their consumers) have it, in the
+    // activation dtype (the same as embed_tokens' output, which the features replace rows of).
+    let axes = g.const_i64(&[0]);
+    let feats = g.op("Unsqueeze", &[&feats, &axes], &[]);
     g.output(
         &feats,
         tensor::IMAGE_FEATURES,
         e.act,
         &[
+            Dim::Fixed(1),
             Dim::named("num_image_tokens"),
             Dim::Fixed(cfg.text.hidden_size as i64),
         ],

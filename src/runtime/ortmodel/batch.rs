@@ -37,10 +37,12 @@ impl OrtModel {
             tensor::ATTENTION_MASK.into(),
             i64_tensor(vec![b as i64, width], mask, PART)?,
         ));
-        inputs.push((
-            tensor::POSITION_IDS.into(),
-            i64_tensor(vec![b as i64, s as i64], pos, PART)?,
-        ));
+        if self.decoder_takes_positions {
+            inputs.push((
+                tensor::POSITION_IDS.into(),
+                i64_tensor(vec![b as i64, s as i64], pos, PART)?,
+            ));
+        }
         inputs.push((
             tensor::NUM_LOGITS_TO_KEEP.into(),
             i64_tensor(vec![], vec![1], PART)?,

@@ -102,6 +102,9 @@ pub struct OrtModel {
     vision: Session,
     embed: Session,
     decoder: Session,
+    /// Whether the merged decoder takes `position_ids` (`--target tensorrt` graphs and older
+    /// exports; the ONNX Runtime graph derives them from the mask).
+    decoder_takes_positions: bool,
     /// The decoder session's main execution provider.
     provider: Provider,
     placement: Placement,
@@ -303,6 +306,11 @@ impl OrtModel {
             act,
             vision,
             embed,
+            decoder_takes_positions: decoder
+                .session
+                .inputs()
+                .iter()
+                .any(|i| i.name() == tensor::POSITION_IDS),
             decoder: decoder.session,
             provider: decoder.provider,
             placement,
@@ -406,7 +414,17 @@ impl Backend for OrtModel {
         const PART: &str = graph::VISION;
         let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
         let data: Vec<f32> = pixel_values.iter().copied().collect();
-        let input = float_tensor(self.act, shape, data, PART)?;
+        // float32 pixels (exports before the onnx-community contract took the activation dtype).
+        let pixel_dtype = match self
+            .vision
+            .inputs()
+            .first()
+            .map(|i| i.dtype().tensor_type())
+        {
+            Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
+            _ => DType::F32,
+        };
+        let input = float_tensor(pixel_dtype, shape, data, PART)?;
         let mut out = self
             .vision
             .run(vec![(
@@ -419,8 +437,17 @@ impl Backend for OrtModel {
             .remove(tensor::IMAGE_FEATURES)
             .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
         let (shape, data) = read_f(&v, PART)?;
-        Array2::from_shape_vec((shape[0], shape[1]), data)
-            .map_err(|e| BackendError::runtime(PART, e))
+        // [1, N, hidden] (older exports: [N, hidden]).
+        let (n, h) = match shape[..] {
+            [1, n, h] | [n, h] => (n, h),
+            _ => {
+                return Err(BackendError::runtime(
+                    PART,
+                    format!("image_features has shape {shape:?}, expected [1, N, hidden]"),
+                ))
+            }
+        };
+        Array2::from_shape_vec((n, h), data).map_err(|e| BackendError::runtime(PART, e))
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
