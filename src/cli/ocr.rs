@@ -204,7 +204,7 @@ fn engine_options(
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let (opts, profile) = a.rt.load_options(&a.model)?;
     // A wrong --model is named before anything else reads from it.
-    ocrctl_exporters::export::Manifest::load(&a.model)
+    let manifest = ocrctl_exporters::export::Manifest::load(&a.model)
         .with_context(|| format!("--model {}", a.model.display()))?;
     // The same defaults as `serve`: the model's generation_config.json, flags override.
     let base = SamplingParams::model_defaults(&a.model).map_err(anyhow::Error::msg)?;
@@ -263,7 +263,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         let mut opts = opts;
         opts.kv_slots = batch_size;
         let engines = engine_options(&a.devices, &opts)?;
-        run_pages(&a, &docs, &out, &params, batch_size, max_tokens, engines)?;
+        run_pages(&a, &docs, &out, &params, batch_size, max_tokens, engines, manifest.model)?;
     }
     let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
     let secs = out.close();
@@ -308,6 +308,7 @@ struct Pages<'a, 'd, I> {
 /// Runs every page of `docs` through one engine per device of `engines` (load options of
 /// each), writing to `out`. An engine that fails to load is reported and the others read all
 /// pages; when none loads, the first error is returned.
+#[allow(clippy::too_many_arguments)]
 fn run_pages<'a, 'd>(
     a: &'a OcrArgs,
     docs: &'a [Document],
@@ -316,10 +317,8 @@ fn run_pages<'a, 'd>(
     batch_size: usize,
     max_tokens: usize,
     engines: Vec<(String, ocrctl::runtime::ortmodel::LoadOptions)>,
+    cfg: ocrctl_exporters::config::ModelConfig,
 ) -> anyhow::Result<()> {
-    let manifest = ocrctl_exporters::export::Manifest::load(&a.model)
-        .with_context(|| format!("--model {}", a.model.display()))?;
-    let cfg = manifest.model;
     let (prompter, pre) = crate::cli::common::page_inputs(&a.model, &cfg)?;
     let units = docs
         .iter()
