@@ -47,6 +47,8 @@ enum Command {
     Doctor(cli::doctor::DoctorArgs),
     /// Check every file of an export against the sha256 digests in its ocrctl.json.
     Verify(cli::verify::VerifyArgs),
+    /// Build TensorRT-RTX engines for a profile ahead of time (no GPU needed).
+    BuildEngines(cli::build_engines::BuildEnginesArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
         Command::Doctor(a) => cli::doctor::run(a),
         Command::Serve(a) => cli::serve::run(a),
         Command::Verify(a) => cli::verify::run(a),
+        Command::BuildEngines(a) => cli::build_engines::run(a),
     };
     match result {
         Ok(code) => code,

@@ -122,6 +122,7 @@ fn fake_export(dir: &Path, precisions: &[Precision], target: Target) {
         model: full_size_config(),
         graphs,
         files: vec![],
+        engines: Default::default(),
     };
     std::fs::write(
         dir.join("ocrctl.json"),
@@ -256,7 +257,7 @@ fn tensorrt_shapes_of_the_16gb_profile_are_exact() {
     assert_eq!(
         s.decoder.max,
         expect(
-            "inputs_embeds:6x8192x1024,attention_mask:6x8192,position_ids:6x8192",
+            "inputs_embeds:6x8192x1024,attention_mask:6x16383,position_ids:6x8192",
             "6x8x8191x128"
         )
     );
@@ -310,24 +311,29 @@ const INVALID: &[(&str, &str, &str)] = &[
         "field `max_sequence_length`: 6144 cannot hold a 1540×1540 page (3025 image + 16 template tokens) plus max_new_tokens_limit 5120: needs 8161",
     ),
     (
-        "providers: [tensorrt, cuda, cpu]",
+        "compute_capabilities: [sm86, sm89, sm120]",
+        "compute_capabilities: [sm86, sm90]",
+        "field `tensorrt_rtx.compute_capabilities`: `sm90` is not one TensorRT-RTX targets (sm86, sm89, sm120, sm121)",
+    ),
+    (
+        "providers: [tensorrt-rtx, tensorrt, cuda, cpu]",
         "providers: []",
         "field `providers`: is empty",
     ),
     (
-        "providers: [tensorrt, cuda, cpu]",
+        "providers: [tensorrt-rtx, tensorrt, cuda, cpu]",
         "providers: [cuda, cpu, cuda]",
         "field `providers`: `cuda` is listed twice",
     ),
     (
-        "providers: [tensorrt, cuda, cpu]",
+        "providers: [tensorrt-rtx, tensorrt, cuda, cpu]",
         "providers: [tensorrt, rocm]",
-        "providers[1]: unknown variant `rocm`, expected one of `tensorrt`, `cuda`, `cpu`",
+        "providers[1]: unknown variant `rocm`, expected one of `tensorrt`, `tensorrt-rtx`, `cuda`, `cpu`",
     ),
     (
         "gpu_memory_gb: 16",
         "gpu_memory_gb: 0",
-        "field `gpu_memory_gb`: is 0 but providers lists the GPU provider(s) tensorrt, cuda",
+        "field `gpu_memory_gb`: is 0 but providers lists the GPU provider(s) tensorrt-rtx, tensorrt, cuda",
     ),
     (
         "precision: int4-fp16",
@@ -363,7 +369,7 @@ const INVALID: &[(&str, &str, &str)] = &[
     (
         "cuda_graphs: false",
         "cuda_graphs: \"no\"",
-        "cuda.cuda_graphs: invalid type: string \"no\", expected a boolean",
+        "tensorrt_rtx.cuda_graphs: invalid type: string \"no\", expected a boolean",
     ),
 ];
 
@@ -696,12 +702,12 @@ fn list_show_and_the_profiles_dir_override() {
     let rows: Vec<&str> = text.lines().collect();
     assert!(rows[0].starts_with("name  gpu memory  providers"), "{text}");
     assert!(
-        rows[1].starts_with("16gb  16 GiB      tensorrt,cuda,cpu  int4-fp16  6 "),
+        rows[1].starts_with("16gb  16 GiB      tensorrt-rtx,tensorrt,cuda,cpu  int4-fp16  6 "),
         "{text}"
     );
     assert!(
         rows.iter()
-            .any(|r| r.starts_with("cpu   -           cpu                int4       4 ")),
+            .any(|r| r.starts_with("cpu   -           cpu                             int4       4 ")),
         "{text}"
     );
 

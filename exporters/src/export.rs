@@ -273,6 +273,9 @@ pub struct Manifest {
     /// in exports made before it was recorded.
     #[serde(default)]
     pub files: Vec<SourceFile>,
+    /// Engines built ahead of time by `ocrctl build-engines`, by profile name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub engines: BTreeMap<String, crate::engines::EngineSet>,
 }
 
 impl Manifest {
@@ -286,6 +289,32 @@ impl Manifest {
         let text = std::fs::read_to_string(&p).map_err(|e| ExportError::io(&p, e))?;
         serde_json::from_str(&text)
             .map_err(|e| ExportError::config(&p, format!("not an ocrctl manifest: {e}")))
+    }
+
+    /// Writes the manifest back to `<dir>/ocrctl.json` (through a temporary file, so a reader
+    /// never sees half of it).
+    pub fn save(&self, dir: &Path) -> Result<(), ExportError> {
+        let p = dir.join(MANIFEST);
+        let tmp = dir.join(format!(".{MANIFEST}.{}", std::process::id()));
+        let text = serde_json::to_string_pretty(self).expect("manifest serialises");
+        std::fs::write(&tmp, text).map_err(|e| ExportError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| ExportError::io(&p, e))
+    }
+
+    /// The recorded digest of graph `file` (under `onnx/`) together with its external data
+    /// `data_file`: sha256 over both recorded sha256s. `None` when the export recorded none.
+    pub fn graph_digest(&self, file: &str, data_file: Option<&str>) -> Option<String> {
+        use sha2::{Digest, Sha256};
+        let find = |name: &str| {
+            let rel = format!("onnx/{name}");
+            self.files.iter().find(|f| f.name == rel).map(|f| f.sha256.clone())
+        };
+        let mut h = Sha256::new();
+        h.update(find(file)?.as_bytes());
+        if let Some(d) = data_file {
+            h.update(find(d)?.as_bytes());
+        }
+        Some(format!("{:x}", h.finalize()))
     }
 }
 
@@ -568,6 +597,7 @@ pub fn export(
         model: cfg,
         graphs,
         files: Vec::new(),
+        engines: BTreeMap::new(),
     };
     let all: Vec<(Precision, &GraphInfo)> = manifest
         .graphs

@@ -27,6 +27,7 @@ pub mod decoder;
 pub mod decoder_gqa;
 pub mod dummy;
 pub mod embed;
+pub mod engines;
 pub mod export;
 pub mod graph;
 pub mod layers;

@@ -110,11 +110,12 @@ fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
 
 fn parse_provider(s: &str) -> Result<Provider, String> {
     match s.trim() {
+        "tensorrt-rtx" | "trt-rtx" => Ok(Provider::TensorRtRtx),
         "tensorrt" | "trt" => Ok(Provider::TensorRt),
         "cuda" => Ok(Provider::Cuda),
         "cpu" => Ok(Provider::Cpu),
         other => Err(format!(
-            "unknown provider `{other}` (expected tensorrt, cuda or cpu)"
+            "unknown provider `{other}` (expected tensorrt-rtx, tensorrt, cuda or cpu)"
         )),
     }
 }
@@ -195,10 +196,57 @@ impl RuntimeArgs {
                 }
                 pc.trt = trt;
             }
+            if let Some(t) = &p.tensorrt_rtx {
+                pc.trt_rtx = trt_rtx_config(model, p, t);
+            }
         }
         lo.providers = pc;
         Ok((lo, profile))
     }
+}
+
+/// The TensorRT-RTX provider's settings for `model` under profile `p`: shape ranges for
+/// engines the provider builds itself, and the prebuilt engines when they match (else one
+/// log line says why they are not used).
+fn trt_rtx_config(
+    model: &Path,
+    p: &Profile,
+    t: &ocrctl::profile::TensorRtRtxSection,
+) -> ocrctl::runtime::trtrtx::TrtRtxConfig {
+    use ocrctl::runtime::trtrtx::{self, engines};
+    let mut c = trtrtx::TrtRtxConfig {
+        runtime_cache: Some(model.join(&t.runtime_cache_dir)),
+        cuda_graphs: t.cuda_graphs,
+        workspace: (t.workspace_gb > 0.0).then_some((t.workspace_gb * GIB) as usize),
+        ..Default::default()
+    };
+    let Ok(m) = Manifest::load(model) else {
+        return c;
+    };
+    let Ok(spec) = engines::BuildSpec::new(&m, p) else {
+        // Not a --target tensorrt export (or not this precision): the model loader says so.
+        return c;
+    };
+    for g in &spec.graphs {
+        c.shapes
+            .insert(g.stem.clone(), (g.min.clone(), g.opt.clone(), g.max.clone()));
+    }
+    let runtime = trtrtx::plugin_library()
+        .ok()
+        .and_then(|l| trtrtx::bundled_version(&l));
+    let set = m.engines.get(&p.name);
+    match engines::check(set, &spec, runtime.as_deref(), model) {
+        Ok(()) => {
+            let set = set.expect("a matching set exists");
+            c.engines = engines::context_models(set, &spec, model).into_iter().collect();
+        }
+        Err(why) => {
+            if p.providers.first() == Some(&Provider::TensorRtRtx) {
+                tracing::info!("tensorrt-rtx: prebuilt engines not used: {why}; the provider builds them when a session starts");
+            }
+        }
+    }
+    c
 }
 
 /// An error and its causes on one line, each cause once: errors that already print their

@@ -1,7 +1,8 @@
 //! `ocrctl doctor`: what this machine offers ocrctl.
 //!
 //! Reports the ONNX Runtime library found (path, version), which execution providers it was
-//! built with and which really start (a one-node model is loaded with each), the pdfium
+//! built with and which really start (a one-node model is loaded with each), the TensorRT-RTX
+//! plugin (found, loaded, offered a device) and its ahead-of-time builder, the pdfium
 //! library for PDF input (optional: its absence does not fail the check), the GPU(s) from
 //! `nvidia-smi`, the host memory, and which built-in profiles' memory targets fit.
 
@@ -57,6 +58,24 @@ fn starts(env: &ort::environment::Environment, p: Provider) -> Result<(), String
     build().map(|_| ()).map_err(|e| e.to_string())
 }
 
+/// The TensorRT-RTX plugin: found (with its TensorRT-RTX), loaded, and offered a device.
+fn trt_rtx_status(env: &ort::environment::Environment) -> String {
+    use ocrctl::runtime::trtrtx;
+    let lib = match trtrtx::plugin_library() {
+        Ok(l) => l,
+        Err(e) => return format!("not installed: {e}"),
+    };
+    let version = trtrtx::bundled_version(&lib).unwrap_or("unknown".into());
+    match trtrtx::devices(env) {
+        Ok(d) => format!(
+            "starts: {} device(s) (plugin {}, TensorRT-RTX {version})",
+            d.len(),
+            lib.display()
+        ),
+        Err(e) => format!("plugin found (TensorRT-RTX {version}), but cannot run here: {e}"),
+    }
+}
+
 /// Prints the report; fails when no ONNX Runtime library can be loaded.
 pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut ok = true;
@@ -93,6 +112,14 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
                 }
             };
             println!("provider       {:<9} {status}", p.name());
+        }
+        println!("provider       tensorrt-rtx {}", trt_rtx_status(env));
+        match ocrctl::runtime::trtrtx::build::python() {
+            Ok((py, v)) => println!(
+                "TRT-RTX build  TensorRT-RTX {v} builder ({}): ocrctl build-engines works here",
+                py.display()
+            ),
+            Err(e) => println!("TRT-RTX build  not available: {e}"),
         }
         if compiled_in(Provider::Cuda) {
             if let Some(lib) = ortlib::loaded_library() {

@@ -1,9 +1,10 @@
 //! The `ocrctl` commands, one module each (`export`, `ocr`, `eval`, `bench`, `profiles`,
-//! `serve`, `doctor`, `verify`), over the library; [`common`] holds the runtime flags they share
+//! `serve`, `doctor`, `verify`, `build-engines`), over the library; [`common`] holds the runtime flags they share
 //! (`--profile`, `--precision`, `--providers`, …) and error reporting, [`ocr_output`] the
 //! in-order writing of `ocrctl ocr`.
 
 pub mod bench;
+pub mod build_engines;
 pub mod common;
 pub mod doctor;
 pub mod eval;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use ocrctl::profile::{
     self, available, budget_with, decoder_updates_kv_in_place, export_notes, locate, trt_shapes,
-    vision_attention_fused_in, weights_bytes, BudgetOptions, ModelDims, Profile, Provider,
+    vision_attention_fused_in, weights_bytes, BudgetOptions, ModelDims, Profile,
     TrtShapes,
 };
 use ocrctl_exporters::export::Manifest;
@@ -185,7 +185,7 @@ fn show(a: ShowArgs) -> anyhow::Result<ExitCode> {
             + profile::PROMPT_TOKENS,
         kv_cache_per_token_kib: per_token as f64 / 1024.0,
         kv_cache_at_max_gb: (kv / (1u64 << 30) as f64 * 1000.0).round() / 1000.0,
-        tensorrt_shapes: p.has(Provider::TensorRt).then(|| trt_shapes(&p, &dims)),
+        tensorrt_shapes: p.has_tensorrt().then(|| trt_shapes(&p, &dims)),
     };
     println!("# {source}");
     print!("{text}");
@@ -217,7 +217,7 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
     let options = BudgetOptions {
         kv_step_copy: !decoder_updates_kv_in_place(&manifest, p.precision),
         // With TensorRT listed, its attention fusion is assumed (and noted when it matters).
-        vision_attention_fused: p.has(Provider::TensorRt)
+        vision_attention_fused: p.has_tensorrt()
             || vision_attention_fused_in(&manifest, p.precision),
         ..BudgetOptions::default()
     };

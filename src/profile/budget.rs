@@ -287,20 +287,23 @@ pub fn budget_with(
     });
 
     let gpu = p.uses_gpu();
-    if p.has(Provider::TensorRt) {
-        let ws = p
-            .tensorrt
-            .as_ref()
-            .map_or(0, |t| gib_to_bytes(t.workspace_gb));
+    if p.has_tensorrt() {
+        // One TensorRT runs a graph: the larger workspace of the two that may.
+        let classic = p.tensorrt.as_ref().map_or(0, |t| gib_to_bytes(t.workspace_gb));
+        let rtx = p.tensorrt_rtx.as_ref().map_or(0, |t| gib_to_bytes(t.workspace_gb));
         rows.push(BudgetRow {
             item: "TensorRT workspace".into(),
-            bytes: ws,
-            detail: "tensorrt.workspace_gb".into(),
+            bytes: classic.max(rtx),
+            detail: if rtx > classic {
+                "tensorrt_rtx.workspace_gb".into()
+            } else {
+                "tensorrt.workspace_gb".into()
+            },
         });
     }
     let overhead = if gpu {
         CUDA_RUNTIME_BYTES
-            + if p.has(Provider::TensorRt) {
+            + if p.has_tensorrt() {
                 TENSORRT_RUNTIME_BYTES
             } else {
                 0
@@ -312,7 +315,7 @@ pub fn budget_with(
         item: "runtime overhead".into(),
         bytes: overhead,
         detail: if gpu {
-            if p.has(Provider::TensorRt) {
+            if p.has_tensorrt() {
                 "CUDA context, cuBLAS/cuDNN (ORT and TensorRT)".into()
             } else {
                 "CUDA context, cuBLAS/cuDNN".into()
@@ -455,7 +458,7 @@ pub fn export_notes(profile: &Profile, manifest: &Manifest, dims: &ModelDims) ->
     let Some(graphs) = manifest.graphs.get(&profile.precision) else {
         return notes;
     };
-    if profile.has(Provider::TensorRt) {
+    if profile.has_tensorrt() {
         let contrib: usize = graphs
             .values()
             .flat_map(|g| g.op_counts.iter())
@@ -469,7 +472,7 @@ pub fn export_notes(profile: &Profile, manifest: &Manifest, dims: &ModelDims) ->
             ));
         }
     }
-    if profile.has(Provider::TensorRt) && !vision_attention_fused_in(manifest, profile.precision) {
+    if profile.has_tensorrt() && !vision_attention_fused_in(manifest, profile.precision) {
         let side = profile.max_image_side as u64;
         let n = dims.patches(side, side);
         notes.push(format!(

@@ -100,6 +100,30 @@ impl TensorRtSection {
     }
 }
 
+/// Compute capabilities TensorRT-RTX builds for and its plugin runs on.
+pub const TRT_RTX_TARGETS: [&str; 4] = ["sm86", "sm89", "sm120", "sm121"];
+
+/// TensorRT-RTX settings (the `NvTensorRTRTXExecutionProvider` plugin and
+/// `ocrctl build-engines`). Shape ranges are derived like TensorRT's ([`trt_shapes`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorRtRtxSection {
+    /// Builder and run-time workspace limit (`nv_max_workspace_size`), GiB; 0 = TensorRT-RTX's
+    /// default.
+    pub workspace_gb: f64,
+    /// GPU architectures engines are built for (`sm86` Ampere RTX 30, `sm89` Ada RTX 40,
+    /// `sm120`/`sm121` Blackwell RTX 50).
+    pub compute_capabilities: Vec<String>,
+    /// Folder of prebuilt engines, relative to the model directory; a profile's engines go in
+    /// `<engines_dir>/<profile name>/`.
+    pub engines_dir: PathBuf,
+    /// Kernels compiled at run time, kept across starts (`nv_runtime_cache_path`); relative to
+    /// the model directory.
+    pub runtime_cache_dir: PathBuf,
+    /// `enable_cuda_graph` (fixed shapes only).
+    pub cuda_graphs: bool,
+}
+
 /// CUDA EP settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -159,6 +183,9 @@ pub struct Profile {
     /// TensorRT EP settings (required when `providers` lists `tensorrt`).
     #[serde(default)]
     pub tensorrt: Option<TensorRtSection>,
+    /// TensorRT-RTX settings (required when `providers` lists `tensorrt-rtx`).
+    #[serde(default)]
+    pub tensorrt_rtx: Option<TensorRtRtxSection>,
     /// CUDA EP settings (required when `providers` lists `cuda`).
     #[serde(default)]
     pub cuda: Option<CudaSection>,
@@ -208,6 +235,12 @@ impl Profile {
     /// Whether any listed provider runs on a GPU.
     pub fn uses_gpu(&self) -> bool {
         self.providers.iter().any(|p| p.is_gpu())
+    }
+
+    /// Whether `providers` lists a TensorRT (classic or RTX): shape ranges and the
+    /// `--target tensorrt` graphs apply.
+    pub fn has_tensorrt(&self) -> bool {
+        self.providers.iter().any(|p| p.is_tensorrt())
     }
 
     /// Whether `providers` lists `p`.
@@ -353,6 +386,40 @@ impl Profile {
         }
         if self.has(Provider::TensorRt) && self.tensorrt.is_none() {
             return Err(self.invalid("tensorrt", "is missing but providers lists tensorrt"));
+        }
+        if self.has(Provider::TensorRtRtx) && self.tensorrt_rtx.is_none() {
+            return Err(self.invalid(
+                "tensorrt_rtx",
+                "is missing but providers lists tensorrt-rtx",
+            ));
+        }
+        if let Some(t) = &self.tensorrt_rtx {
+            check_gb(self, "tensorrt_rtx.workspace_gb", t.workspace_gb, true)?;
+            if t.compute_capabilities.is_empty() {
+                return Err(self.invalid(
+                    "tensorrt_rtx.compute_capabilities",
+                    format!("is empty (list some of {})", TRT_RTX_TARGETS.join(", ")),
+                ));
+            }
+            if let Some(c) = t
+                .compute_capabilities
+                .iter()
+                .find(|c| !TRT_RTX_TARGETS.contains(&c.as_str()))
+            {
+                return Err(self.invalid(
+                    "tensorrt_rtx.compute_capabilities",
+                    format!(
+                        "`{c}` is not one TensorRT-RTX targets ({})",
+                        TRT_RTX_TARGETS.join(", ")
+                    ),
+                ));
+            }
+            if t.engines_dir.as_os_str().is_empty() {
+                return Err(self.invalid("tensorrt_rtx.engines_dir", "is empty"));
+            }
+            if t.runtime_cache_dir.as_os_str().is_empty() {
+                return Err(self.invalid("tensorrt_rtx.runtime_cache_dir", "is empty"));
+            }
         }
         if self.has(Provider::Cuda) && self.cuda.is_none() {
             return Err(self.invalid("cuda", "is missing but providers lists cuda"));

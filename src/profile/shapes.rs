@@ -159,9 +159,12 @@ pub fn a4_page(side: u64, unit: u64) -> (u64, u64) {
 /// - Decoder: min batch 1, one new token and an empty past (P = 0, the prefill; TensorRT ≥ 8
 ///   accepts zero-length dimensions in profiles, and ONNX Runtime GenAI's TensorRT profiles
 ///   use a zero past minimum too); opt a decode step of the full batch at half the sequence
-///   length (decode steps dominate OCR time); max the full batch with S and the mask at
-///   `max_sequence_length` (a whole-sequence prefill) and P at `max_sequence_length` − 1 (the
-///   last decode step). TensorRT sizes its activation memory for the max shapes.
+///   length (decode steps dominate OCR time); max the full batch with S at
+///   `max_sequence_length` (a whole-sequence prefill), P at `max_sequence_length` − 1 (the
+///   last decode step) and the mask at their sum. No run has both at once, but TensorRT checks
+///   that the max shapes agree with each other (mask = past + new: TensorRT-RTX 1.7 warns
+///   "Profile kMAX values are not self-consistent" otherwise). TensorRT sizes its activation
+///   memory for the max shapes.
 pub fn trt_shapes(p: &Profile, d: &ModelDims) -> TrtShapes {
     let side = p.max_image_side as u64;
     let (oh, ow) = a4_page(side, d.image_unit());
@@ -182,7 +185,7 @@ pub fn trt_shapes(p: &Profile, d: &ModelDims) -> TrtShapes {
     let decoder = ShapeRange {
         min: decoder_shapes(d, 1, 1, 0, 1),
         opt: decoder_shapes(d, b, 1, opt_past, opt_past + 1),
-        max: decoder_shapes(d, b, seq, seq.saturating_sub(1), seq),
+        max: decoder_shapes(d, b, seq, seq.saturating_sub(1), (2 * seq).saturating_sub(1)),
     };
     TrtShapes {
         vision_encoder: vision,

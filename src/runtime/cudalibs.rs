@@ -139,7 +139,7 @@ pub fn preload(ort_lib: &Path) -> &'static Preload {
 
 /// `dlopen(path, RTLD_NOW | RTLD_GLOBAL)`, kept loaded for the life of the process (the
 /// provider library links against it by soname).
-fn open_global(path: &Path) -> Result<(), String> {
+pub(crate) fn open_global(path: &Path) -> Result<(), String> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     // SAFETY: these are NVIDIA's runtime libraries; their initialisers only set up state.
     let lib =

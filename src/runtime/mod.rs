@@ -5,7 +5,8 @@
 //! [`providers`] (TensorRT → CUDA → CPU with fallback), [`devices`] (`--devices`: one engine
 //! per device), [`ortlib`] (finding and loading `libonnxruntime`), [`cudalibs`] (the CUDA
 //! wheels the GPU provider needs), [`libsearch`] (where wheel libraries are looked for),
-//! [`gpumem`] (GPU memory from `nvidia-smi`).
+//! [`gpumem`] (GPU memory from `nvidia-smi`), [`trtrtx`] (the TensorRT-RTX plugin provider and
+//! engines built ahead of time).
 
 pub mod backend;
 pub mod cudalibs;
@@ -15,3 +16,4 @@ pub mod libsearch;
 pub mod ortlib;
 pub mod ortmodel;
 pub mod providers;
+pub mod trtrtx;

@@ -1,4 +1,8 @@
-//! Execution-provider selection: TensorRT → CUDA → CPU in a profile's order, with fallback.
+//! Execution-provider selection: TensorRT-RTX / TensorRT → CUDA → CPU in a profile's order,
+//! with fallback.
+//!
+//! TensorRT-RTX is a plugin execution provider (its own shared library, registered with ONNX
+//! Runtime at run time and appended per device): see [`crate::runtime::trtrtx`].
 //!
 //! A provider that this ONNX Runtime build lacks (the CPU wheel has neither CUDA nor
 //! TensorRT), or whose libraries fail to load at registration (no `libnvinfer.so.10`, no
@@ -18,6 +22,10 @@ use std::path::PathBuf;
 pub enum Provider {
     #[serde(rename = "tensorrt")]
     TensorRt,
+    /// NVIDIA TensorRT for RTX (GeForce RTX and RTX workstation cards, Ampere and later),
+    /// through ONNX Runtime's `NvTensorRTRTXExecutionProvider` plugin.
+    #[serde(rename = "tensorrt-rtx")]
+    TensorRtRtx,
     Cuda,
     Cpu,
 }
@@ -28,10 +36,17 @@ impl Provider {
         !matches!(self, Provider::Cpu)
     }
 
+    /// Whether the provider is a TensorRT (classic or RTX): it parses the `--target tensorrt`
+    /// graphs and needs shape ranges.
+    pub fn is_tensorrt(self) -> bool {
+        matches!(self, Provider::TensorRt | Provider::TensorRtRtx)
+    }
+
     /// Name as used in profiles and messages.
     pub fn name(self) -> &'static str {
         match self {
             Provider::TensorRt => "tensorrt",
+            Provider::TensorRtRtx => "tensorrt-rtx",
             Provider::Cuda => "cuda",
             Provider::Cpu => "cpu",
         }
@@ -68,6 +83,7 @@ pub struct ProviderConfig {
     pub device_id: i32,
     pub cuda: CudaConfig,
     pub trt: TrtConfig,
+    pub trt_rtx: crate::runtime::trtrtx::TrtRtxConfig,
 }
 
 impl Default for ProviderConfig {
@@ -78,6 +94,7 @@ impl Default for ProviderConfig {
             device_id: 0,
             cuda: CudaConfig::default(),
             trt: TrtConfig::default(),
+            trt_rtx: Default::default(),
         }
     }
 }
@@ -96,6 +113,9 @@ pub enum ProviderError {
 pub fn compiled_in(p: Provider) -> bool {
     match p {
         Provider::TensorRt => ep::TensorRT::is_available().unwrap_or(false),
+        // A plugin: present when its library is found; whether it starts is known only once it
+        // is registered (see `trtrtx::devices`).
+        Provider::TensorRtRtx => crate::runtime::trtrtx::plugin_library().is_ok(),
         Provider::Cuda => ep::CUDA::is_available().unwrap_or(false),
         Provider::Cpu => true,
     }
@@ -114,7 +134,8 @@ pub fn dispatch(
         }
     }
     match p {
-        Provider::Cpu => None,
+        // Plugin EPs are appended per device, not by dispatch (`trtrtx::append`).
+        Provider::Cpu | Provider::TensorRtRtx => None,
         Provider::Cuda => {
             let mut c = ep::CUDA::default()
                 .with_device_id(cfg.device_id)
@@ -169,7 +190,13 @@ pub fn usable(cfg: &ProviderConfig) -> Result<(Vec<Provider>, Vec<String>), Prov
             keep.push(*p);
             continue;
         }
-        let reason = "not compiled into this ONNX Runtime (the `onnxruntime` CPU wheel has only the CPU provider; install `onnxruntime-gpu`)".to_string();
+        let reason = if *p == Provider::TensorRtRtx {
+            crate::runtime::trtrtx::plugin_library()
+                .err()
+                .unwrap_or_default()
+        } else {
+            "not compiled into this ONNX Runtime (the `onnxruntime` CPU wheel has only the CPU provider; install `onnxruntime-gpu`)".to_string()
+        };
         if cfg.strict {
             return Err(ProviderError::Unavailable {
                 provider: p.name(),
@@ -180,8 +207,13 @@ pub fn usable(cfg: &ProviderConfig) -> Result<(Vec<Provider>, Vec<String>), Prov
             .iter()
             .find(|q| compiled_in(**q))
             .map_or("the CPU", |q| q.name());
+        let verb = if *p == Provider::TensorRtRtx {
+            "unavailable: "
+        } else {
+            ""
+        };
         notes.push(format!(
-            "{} execution provider {reason}; falling back to {next}",
+            "{} execution provider {verb}{reason}; falling back to {next}",
             p.name()
         ));
     }
@@ -197,8 +229,21 @@ mod tests {
 
     #[test]
     fn provider_names_round_trip_through_serde() {
-        let v: Vec<Provider> = serde_json::from_str(r#"["tensorrt","cuda","cpu"]"#).unwrap();
-        assert_eq!(v, vec![Provider::TensorRt, Provider::Cuda, Provider::Cpu]);
+        let v: Vec<Provider> =
+            serde_json::from_str(r#"["tensorrt-rtx","tensorrt","cuda","cpu"]"#).unwrap();
+        assert_eq!(
+            v,
+            vec![
+                Provider::TensorRtRtx,
+                Provider::TensorRt,
+                Provider::Cuda,
+                Provider::Cpu
+            ]
+        );
+        assert_eq!(
+            serde_json::to_string(&Provider::TensorRtRtx).unwrap(),
+            "\"tensorrt-rtx\""
+        );
         assert_eq!(
             serde_json::to_string(&Provider::TensorRt).unwrap(),
             "\"tensorrt\""

@@ -92,8 +92,9 @@ impl Placement {
         )?;
         let kv = match provider {
             Provider::Cpu => host.clone(),
-            // TensorRT runs on CUDA memory too (and falls back to CUDA kernels).
-            Provider::Cuda | Provider::TensorRt => MemoryInfo::new(
+            // TensorRT (classic and RTX) runs on CUDA memory too; a binding the plugin refuses
+            // falls back to the host path with one log line (`run_decoder`).
+            Provider::Cuda | Provider::TensorRt | Provider::TensorRtRtx => MemoryInfo::new(
                 AllocationDevice::CUDA,
                 device_id,
                 AllocatorType::Device,
