@@ -108,7 +108,7 @@ impl BuildSpec {
             precision: profile.precision,
             compute_capabilities: rtx.compute_capabilities.clone(),
             workspace_bytes: (rtx.workspace_gb > 0.0)
-                .then(|| (rtx.workspace_gb * (1u64 << 30) as f64) as u64),
+                .then_some((rtx.workspace_gb * (1u64 << 30) as f64) as u64),
             dir: format!(
                 "{}/{}",
                 rtx.engines_dir.display().to_string().trim_end_matches('/'),

@@ -43,6 +43,10 @@ pub const PLUGIN_LIBRARY: &str = "libonnxruntime_providers_nv_tensorrt_rtx.so";
 pub const PLUGIN_PACKAGE: &str = "onnxruntime_ep_nv_tensorrt_rtx";
 /// Environment variable naming the plugin library directly.
 pub const PLUGIN_ENV: &str = "OCRCTL_TRT_RTX_EP";
+/// Environment variable (`1`) registering the plugin under a `.virtual` name, which lets it
+/// offer devices the process cannot see (ONNX Runtime ≥ 1.24 passes `allow_virtual_devices`);
+/// for compile-only experiments, not for serving.
+pub const VIRTUAL_ENV: &str = "OCRCTL_TRT_RTX_VIRTUAL";
 
 /// TensorRT-RTX provider settings (from a profile's `tensorrt_rtx` section).
 #[derive(Debug, Clone, Default)]
@@ -194,7 +198,12 @@ fn register(env: &ort::environment::Environment) -> Result<(), String> {
             }
         }
     }
-    env.register_ep_library("NvTensorRTRTX", &lib)
+    let name = if std::env::var(VIRTUAL_ENV).as_deref() == Ok("1") {
+        "NvTensorRTRTX.virtual"
+    } else {
+        "NvTensorRTRTX"
+    };
+    env.register_ep_library(name, &lib)
         .map_err(|e| load_error(&lib, &e.to_string()))
 }
 
