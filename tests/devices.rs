@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::server::{chat_body, request, test_profile, Server};
+use common::server::{chat_body, concurrently, post_json_to, test_profile, Server};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -95,25 +95,17 @@ fn two_cpu_engines_answer_like_one_and_share_the_work() {
     assert_eq!(h["status"], "ok");
     assert_eq!(h["engines"][0]["device"], "cpu:0");
     assert_eq!(h["engines"][1]["device"], "cpu:1");
-    let handles: Vec<_> = (0..n)
-        .map(|i| {
-            let addr = s.addr.clone();
-            let (b, m) = imgs[i % imgs.len()].clone();
-            std::thread::spawn(move || {
-                let body = chat_body(&b, m, max_tokens(i)).to_string();
-                request(
-                    &addr,
-                    "POST",
-                    "/v1/chat/completions",
-                    &[("Content-Type", "application/json")],
-                    body.as_bytes(),
-                )
-                .unwrap()
-            })
-        })
-        .collect();
-    for (i, h) in handles.into_iter().enumerate() {
-        assert_eq!(answer(&h.join().unwrap()), expected[i], "client {i}");
+    let addr = s.addr.clone();
+    let got = concurrently(n, move |i| {
+        let (b, m) = &imgs[i % imgs.len()];
+        post_json_to(
+            &addr,
+            "/v1/chat/completions",
+            &chat_body(b, m, max_tokens(i)).to_string(),
+        )
+    });
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(answer(r), expected[i], "client {i}");
     }
     let m = s.get("/metrics").unwrap().text();
     let per: Vec<f64> = ["cpu:0", "cpu:1"]

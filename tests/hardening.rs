@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::server::{chat_body, multipart, request, Server};
+use common::server::{
+    chat_body, concurrently, multipart, post_json_to, request, spawn_clients, Server,
+};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -143,17 +145,12 @@ fn concurrent_large_images_decode_within_the_profiles_budget() {
     );
     let png = big_png(3000, 3000);
     let before = peak_rss_kib(s.child.id());
-    let threads: Vec<_> = (0..6)
-        .map(|_| {
-            let (addr, png) = (s.addr.clone(), png.clone());
-            std::thread::spawn(move || {
-                let (ct, mp) = multipart(&[("max_tokens", "2")], Some(("big.png", &png)));
-                request(&addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap()
-            })
-        })
-        .collect();
-    for t in threads {
-        let r = t.join().unwrap();
+    let addr = s.addr.clone();
+    let got = concurrently(6, move |_| {
+        let (ct, mp) = multipart(&[("max_tokens", "2")], Some(("big.png", &png)));
+        request(&addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap()
+    });
+    for r in got {
         assert_eq!(r.status, 200, "{}", r.text());
     }
     let m = s.get("/metrics").unwrap().text();
@@ -528,21 +525,10 @@ fn streams_cut_at_the_shutdown_deadline_end_with_an_error_and_done() {
     // One running stream and many queued behind it (batch 1): at least 20 × 3500 tokens left
     // at SIGTERM, more than the one-second grace period allows on any machine (the tiny model
     // decodes ~20 000 tokens/s on one core).
-    let clients: Vec<_> = (0..30)
-        .map(|_| {
-            let (addr, body) = (s.addr.clone(), body.to_string());
-            std::thread::spawn(move || {
-                request(
-                    &addr,
-                    "POST",
-                    "/v1/chat/completions",
-                    &[("Content-Type", "application/json")],
-                    body.as_bytes(),
-                )
-                .unwrap()
-            })
-        })
-        .collect();
+    let (addr, body) = (s.addr.clone(), body.to_string());
+    let clients = spawn_clients(30, move |_| {
+        post_json_to(&addr, "/v1/chat/completions", &body)
+    });
     let t = Instant::now();
     let queued = |s: &Server| -> usize {
         let m = s.get("/metrics").unwrap().text();
@@ -557,8 +543,7 @@ fn streams_cut_at_the_shutdown_deadline_end_with_an_error_and_done() {
     }
     s.terminate();
     let mut cut = 0;
-    for c in clients {
-        let r = c.join().unwrap();
+    for r in clients.join() {
         assert_eq!(r.status, 200, "{}", r.text());
         let events = r.sse_data();
         assert_eq!(events.last().unwrap(), "[DONE]", "{}", r.text());

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::server::{chat_body, multipart, request, test_profile, Server};
+use common::server::{
+    chat_body, concurrently, multipart, post_json_to, request, test_profile, Server,
+};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -193,21 +195,6 @@ fn stop_strings_cut_the_text_and_report_stop() {
     }
 }
 
-/// Runs `f` for each of `n` clients on its own thread; results in client order.
-fn concurrently<T: Send + 'static>(
-    n: usize,
-    f: impl Fn(usize) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let f = std::sync::Arc::new(f);
-    let hs: Vec<_> = (0..n)
-        .map(|i| {
-            let f = f.clone();
-            std::thread::spawn(move || f(i))
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
 #[test]
 fn thirty_two_concurrent_clients_get_their_sequential_answers() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,15 +218,11 @@ fn thirty_two_concurrent_clients_get_their_sequential_answers() {
     let imgs = images.clone();
     let got = concurrently(32, move |i| {
         let (b, m) = &imgs[i % imgs.len()];
-        let body = chat_body(b, m, max_tokens(i)).to_string();
-        request(
+        post_json_to(
             &addr,
-            "POST",
             "/v1/chat/completions",
-            &[("Content-Type", "application/json")],
-            body.as_bytes(),
+            &chat_body(b, m, max_tokens(i)).to_string(),
         )
-        .unwrap()
     });
     for (i, r) in got.iter().enumerate() {
         assert_eq!(chat_text(r), expected[i], "client {i}");
@@ -263,15 +246,11 @@ fn thirty_two_concurrent_clients_get_their_sequential_answers() {
     let imgs = images.clone();
     let got = concurrently(32, move |i| {
         let (b, m) = &imgs[i % imgs.len()];
-        let body = chat_body(b, m, 30).to_string();
-        request(
+        post_json_to(
             &addr,
-            "POST",
             "/v1/chat/completions",
-            &[("Content-Type", "application/json")],
-            body.as_bytes(),
+            &chat_body(b, m, 30).to_string(),
         )
-        .unwrap()
     });
     let mut refused = 0;
     for (i, r) in got.iter().enumerate() {
@@ -595,16 +574,8 @@ fn sigterm_lets_a_running_stream_finish_then_exits_zero() {
     body["stream"] = json!(true);
     body["ignore_eos"] = json!(true);
     let addr = s.addr.clone();
-    let running = std::thread::spawn(move || {
-        request(
-            &addr,
-            "POST",
-            "/v1/chat/completions",
-            &[("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        )
-        .unwrap()
-    });
+    let running =
+        std::thread::spawn(move || post_json_to(&addr, "/v1/chat/completions", &body.to_string()));
     // Wait until it is generating, then ask the server to stop.
     let t = std::time::Instant::now();
     while !s

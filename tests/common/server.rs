@@ -118,6 +118,55 @@ pub fn request(
     })
 }
 
+/// `POST path` to `addr` with a JSON body already serialised (what client threads send).
+pub fn post_json_to(addr: &str, path: &str, body: &str) -> Resp {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .expect("request")
+}
+
+/// Client threads started together; [`Clients::join`] waits for all of them.
+pub struct Clients<T>(Vec<std::thread::JoinHandle<T>>);
+
+impl<T> Clients<T> {
+    /// Every client's result, in client order (panics if a client panicked).
+    pub fn join(self) -> Vec<T> {
+        self.0
+            .into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect()
+    }
+}
+
+/// Starts `n` clients, client `i` running `f(i)` on its own thread, and returns at once.
+pub fn spawn_clients<T: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize) -> T + Send + Sync + 'static,
+) -> Clients<T> {
+    let f = Arc::new(f);
+    Clients(
+        (0..n)
+            .map(|i| {
+                let f = f.clone();
+                std::thread::spawn(move || f(i))
+            })
+            .collect(),
+    )
+}
+
+/// Runs `f(i)` for each of `n` clients on its own thread; results in client order.
+pub fn concurrently<T: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    spawn_clients(n, f).join()
+}
+
 /// A multipart/form-data body with text fields and one file field `file`.
 pub fn multipart(fields: &[(&str, &str)], file: Option<(&str, &[u8])>) -> (String, Vec<u8>) {
     let boundary = "ocrctl-test-boundary-7d1f";
@@ -210,14 +259,7 @@ impl Server {
 
     /// `POST path` with a JSON body.
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Resp {
-        request(
-            &self.addr,
-            "POST",
-            path,
-            &[("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        )
-        .expect("request")
+        post_json_to(&self.addr, path, &body.to_string())
     }
 
     /// Sends SIGTERM.

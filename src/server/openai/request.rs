@@ -1,0 +1,853 @@
+//! `/v1/chat/completions` request bodies: serde wire types ([`ChatCompletionRequest`] and
+//! its parts), then the checks serde cannot express, into [`ChatParams`].
+//!
+//! Deserialisation goes through `serde_path_to_error`, so a type error names the parameter
+//! at fault the way OpenAI's `param` does (`messages[0].content[1].image_url.url`, `top_p`).
+//! Every wire field is optional: what is required or bounded (`messages`, `n`, `top_k`,
+//! limits, roles, data URLs) is checked afterwards, each check naming its parameter; the
+//! ranges of the sampling values are [`SamplingParams::validate`]'s, which the route calls
+//! once the request's values are merged with the model's defaults.
+//! Content parts are a flat struct rather than an internally tagged enum on `type`: serde
+//! buffers tagged (and untagged) enums, which would lose the path of an error inside a part.
+
+#[cfg(doc)]
+use crate::generation::sampling::SamplingParams;
+use crate::server::error::ApiError;
+use base64::Engine as _;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::fmt;
+
+/// Most stop strings one request may give (OpenAI allows 4; vLLM more).
+pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes. Matching costs only the new text per token whatever the
+/// length (see [`crate::server::stops`]); the bound keeps a request's memory small.
+pub const MAX_STOP_BYTES: usize = 1024;
+/// Largest `top_logprobs` (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most messages in one request.
+pub const MAX_MESSAGES: usize = 256;
+
+/// The body of `POST /v1/chat/completions` as sent. Fields not listed here (`user`,
+/// `stream_options`, `metadata`, …) are accepted and ignored; `null` is the same as absent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a JSON object")]
+pub struct ChatCompletionRequest {
+    /// The model name; when given it must be the served model's.
+    pub model: Option<String>,
+    /// The conversation (required, 1 to [`MAX_MESSAGES`] messages).
+    pub messages: Option<Vec<Message>>,
+    /// Tokens to generate at most (the legacy name of `max_completion_tokens`).
+    pub max_tokens: Option<u64>,
+    /// Tokens to generate at most; wins over `max_tokens`.
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// vLLM's `top_k`: -1 or 0 disable it.
+    pub top_k: Option<i64>,
+    /// vLLM's `repetition_penalty`.
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<Seed>,
+    pub stop: Option<Stop>,
+    pub stream: Option<bool>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u64>,
+    /// vLLM's `ignore_eos`: keep generating past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: Option<bool>,
+    /// Choices per request; only 1 is served.
+    pub n: Option<u64>,
+    /// Refused unless 0 (use `repetition_penalty`).
+    pub presence_penalty: Option<f64>,
+    /// Refused unless 0 (use `repetition_penalty`).
+    pub frequency_penalty: Option<f64>,
+    /// Refused when given (tool calls are not implemented).
+    pub tools: Option<IgnoredAny>,
+    /// Refused when given (the legacy name of `tools`).
+    pub functions: Option<IgnoredAny>,
+    /// Refused when given (structured output is not implemented).
+    pub response_format: Option<IgnoredAny>,
+    /// Refused when given (audio output is not implemented).
+    pub audio: Option<IgnoredAny>,
+    /// Refused when given (logit biases are not implemented).
+    pub logit_bias: Option<IgnoredAny>,
+}
+
+/// One message of `messages`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(expecting = "a message object")]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `developer` (read as `system`); checked after parsing.
+    pub role: Option<String>,
+    /// Absent or `null` reads as empty text.
+    #[serde(default)]
+    pub content: Content,
+}
+
+/// A message's content: a string or a list of parts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+impl Default for Content {
+    fn default() -> Self {
+        Content::Text(String::new())
+    }
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Content;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of parts")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Content, E> {
+                Ok(Content::Text(s.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Content, E> {
+                Ok(Content::Text(s))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
+                Vec::deserialize(SeqAccessDeserializer::new(seq)).map(Content::Parts)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One part of a list content: `{"type": "text", "text": …}` or
+/// `{"type": "image_url", "image_url": {"url": …}}`. `type` and the field it names are
+/// checked after parsing.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(expecting = "a content part object")]
+pub struct Part {
+    /// `text` or `image_url`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub text: Option<String>,
+    pub image_url: Option<ImageUrl>,
+}
+
+/// A part's `image_url`: `{"url": …, "detail": …}` (`detail` is ignored) or, as some
+/// clients send it, the URL string itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImageUrl {
+    pub url: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ImageUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Object {
+            url: Option<String>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ImageUrl;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object {\"url\": ...}")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ImageUrl, E> {
+                Ok(ImageUrl {
+                    url: Some(s.to_string()),
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ImageUrl, A::Error> {
+                let o = Object::deserialize(MapAccessDeserializer::new(map))?;
+                Ok(ImageUrl { url: o.url })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for Stop {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Stop;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Stop, E> {
+                Ok(Stop::One(s.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Stop, A::Error> {
+                Vec::deserialize(SeqAccessDeserializer::new(seq)).map(Stop::Many)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `seed`: any JSON integer; a negative one is taken as its two's-complement `u64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seed(pub u64);
+
+impl<'de> Deserialize<'de> for Seed {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Seed;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Seed, E> {
+                Ok(Seed(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Seed, E> {
+                Ok(Seed(v as u64))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Where an image of a request comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageSource {
+    /// Bytes from a `data:` URL; `param` names the field it came from.
+    Data { bytes: Vec<u8>, param: String },
+    /// An `http(s)://` URL (fetched only with `--allow-remote-images`).
+    Remote { url: String, param: String },
+}
+
+/// A parsed chat completion request.
+#[derive(Debug, Clone, Default)]
+pub struct ChatParams {
+    /// The model name the client asked for, if any.
+    pub model: Option<String>,
+    /// The conversation in the chat template's shape (image parts as `{"type": "image"}`).
+    pub messages: Value,
+    /// The images in prompt order.
+    pub images: Vec<ImageSource>,
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub logprobs: bool,
+    pub top_logprobs: usize,
+    /// vLLM's `ignore_eos`: keep generating past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+/// Parses a `data:` URL's payload; only base64 payloads are accepted.
+pub fn parse_data_url(url: &str, param: &str) -> Result<Vec<u8>, ApiError> {
+    let rest = &url["data:".len()..];
+    let Some((meta, payload)) = rest.split_once(',') else {
+        return Err(ApiError::bad(
+            param,
+            "data URL has no ',' before its payload",
+        ));
+    };
+    if !meta.split(';').any(|p| p.eq_ignore_ascii_case("base64")) {
+        return Err(ApiError::bad(
+            param,
+            "data URL must be base64-encoded (data:image/png;base64,...)",
+        ));
+    }
+    let cleaned: String = payload
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(cleaned.as_bytes())
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(cleaned.as_bytes()))
+        .map_err(|e| ApiError::bad(param, format!("invalid base64 in data URL: {e}")))
+}
+
+/// Classifies an image URL: `data:` (decoded), `http(s)://` (kept), anything else refused.
+pub fn image_source(url: &str, param: &str) -> Result<ImageSource, ApiError> {
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    if lower.starts_with("data:") {
+        Ok(ImageSource::Data {
+            bytes: parse_data_url(url, param)?,
+            param: param.to_string(),
+        })
+    } else if lower.starts_with("http://") || lower.starts_with("https://") {
+        Ok(ImageSource::Remote {
+            url: url.to_string(),
+            param: param.to_string(),
+        })
+    } else if lower.starts_with("file:") {
+        Err(ApiError::bad(
+            param,
+            "file:// URLs are never read by the server",
+        ))
+    } else {
+        Err(ApiError::bad(
+            param,
+            "image URL must be a data: URL (data:image/png;base64,...) or http(s)://",
+        ))
+    }
+}
+
+/// Bytes of text in parsed `messages` (string contents and text parts), to bound the work
+/// before tokenising.
+pub fn text_bytes(messages: &Value) -> usize {
+    let text_of = |c: &Value| match c {
+        Value::String(s) => s.len(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .map(str::len)
+            .sum(),
+        _ => 0,
+    };
+    messages
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("content"))
+        .map(text_of)
+        .sum()
+}
+
+/// Parses a `/v1/chat/completions` body.
+pub fn parse_chat(body: &[u8]) -> Result<ChatParams, ApiError> {
+    ChatCompletionRequest::from_json(body)?.into_params()
+}
+
+/// A body that is not JSON at all (syntax error, truncated, trailing bytes).
+fn not_json(e: serde_json::Error) -> ApiError {
+    ApiError::invalid(format!("request body is not valid JSON: {e}"))
+}
+
+/// A JSON body of the wrong shape: the error names the path at fault, in the words of the
+/// other checks (`top_p must be a number, got string "high"`).
+fn wrong_shape(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if inner.classify() != serde_json::error::Category::Data {
+        return not_json(inner);
+    }
+    let full = inner.to_string();
+    let at = format!(" at line {} column {}", inner.line(), inner.column());
+    let msg = full.strip_suffix(&at).unwrap_or(&full);
+    if let Some(field) = msg
+        .strip_prefix("duplicate field `")
+        .and_then(|r| r.strip_suffix('`'))
+    {
+        let param = match path.as_str() {
+            "." => field.to_string(),
+            p => format!("{p}.{field}"),
+        };
+        return ApiError::bad(param.clone(), format!("{param} is given twice"));
+    }
+    if path == "." {
+        return ApiError::invalid(msg);
+    }
+    let said = ["invalid type: ", "invalid value: "].iter().find_map(|p| {
+        let (got, want) = msg.strip_prefix(p)?.rsplit_once(", expected ")?;
+        let want = match want {
+            "f32" | "f64" => "a number",
+            "u64" => "a non-negative integer",
+            "i64" => "an integer",
+            "a boolean" => "true or false",
+            "a sequence" => "a list",
+            w => w,
+        };
+        Some(format!("{path} must be {want}, got {got}"))
+    });
+    let message = said.unwrap_or_else(|| format!("{path}: {msg}"));
+    ApiError::bad(path, message)
+}
+
+impl ChatCompletionRequest {
+    /// Deserialises a body; a type error names the parameter at fault.
+    pub fn from_json(body: &[u8]) -> Result<Self, ApiError> {
+        // serde would also read a struct from a JSON list (its fields in order).
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(match serde_json::from_slice::<IgnoredAny>(body) {
+                Ok(_) => ApiError::invalid("request body must be a JSON object"),
+                Err(e) => not_json(e),
+            });
+        }
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let req = serde_path_to_error::deserialize(&mut de).map_err(wrong_shape)?;
+        de.end().map_err(not_json)?;
+        Ok(req)
+    }
+
+    /// The checks serde cannot express, each naming its parameter; images are decoded and
+    /// messages put in the chat template's shape.
+    pub fn into_params(self) -> Result<ChatParams, ApiError> {
+        let unsupported = [
+            ("tools", &self.tools, "tool calls"),
+            ("functions", &self.functions, "function calls"),
+            (
+                "response_format",
+                &self.response_format,
+                "structured output",
+            ),
+            ("audio", &self.audio, "audio output"),
+            ("logit_bias", &self.logit_bias, "logit_bias"),
+        ];
+        if let Some((key, _, what)) = unsupported.iter().find(|(_, v, _)| v.is_some()) {
+            return Err(ApiError::bad(
+                *key,
+                format!("{what} are not supported by this server"),
+            ));
+        }
+        for (key, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if value.is_some_and(|x| x != 0.0) {
+                return Err(ApiError::bad(
+                    key,
+                    format!("{key} is not supported; use repetition_penalty"),
+                ));
+            }
+        }
+        let n = self.n.unwrap_or(1);
+        if n != 1 {
+            return Err(ApiError::bad("n", format!("n must be 1 (got {n})")));
+        }
+        let msgs = match self.messages {
+            Some(m) if m.is_empty() => return Err(ApiError::bad("messages", "messages is empty")),
+            Some(m) => m,
+            None => return Err(ApiError::bad("messages", "missing required field messages")),
+        };
+        if msgs.len() > MAX_MESSAGES {
+            return Err(ApiError::bad(
+                "messages",
+                format!("at most {MAX_MESSAGES} messages per request"),
+            ));
+        }
+        let mut images = Vec::new();
+        let mut messages = Vec::with_capacity(msgs.len());
+        for (i, m) in msgs.into_iter().enumerate() {
+            messages.push(m.into_template(i, &mut images)?);
+        }
+        let stop = match self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        if stop.len() > MAX_STOP_STRINGS || stop.iter().any(String::is_empty) {
+            return Err(ApiError::bad(
+                "stop",
+                format!("at most {MAX_STOP_STRINGS} non-empty stop strings"),
+            ));
+        }
+        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::bad(
+                "stop",
+                format!(
+                    "a stop string has {} bytes; at most {MAX_STOP_BYTES} are allowed",
+                    long.len()
+                ),
+            ));
+        }
+        let top_logprobs = self.top_logprobs.unwrap_or(0);
+        if top_logprobs > MAX_TOP_LOGPROBS as u64 {
+            return Err(ApiError::bad(
+                "top_logprobs",
+                format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"),
+            ));
+        }
+        let logprobs = self.logprobs.unwrap_or(false);
+        if top_logprobs > 0 && !logprobs {
+            return Err(ApiError::bad(
+                "top_logprobs",
+                "top_logprobs requires logprobs: true",
+            ));
+        }
+        let top_k = match self.top_k {
+            None => None,
+            // vLLM: -1 (or 0) disables top-k.
+            Some(-1 | 0) => Some(0),
+            Some(k) if k > 0 => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::bad(
+                    "top_k",
+                    format!("top_k must be -1, 0 or a positive integer, got {k}"),
+                ))
+            }
+        };
+        Ok(ChatParams {
+            model: self.model,
+            messages: Value::Array(messages),
+            images,
+            max_tokens: self
+                .max_completion_tokens
+                .or(self.max_tokens)
+                .map(|x| x as usize),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed.map(|s| s.0),
+            stop,
+            stream: self.stream.unwrap_or(false),
+            logprobs,
+            top_logprobs: top_logprobs as usize,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+        })
+    }
+}
+
+impl Message {
+    /// Message `i` in the chat template's shape; its images are appended to `images`.
+    fn into_template(self, i: usize, images: &mut Vec<ImageSource>) -> Result<Value, ApiError> {
+        let role = self.role.ok_or_else(|| {
+            ApiError::bad(
+                format!("messages[{i}].role"),
+                "each message needs a string role",
+            )
+        })?;
+        let role = match role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(ApiError::bad(
+                    format!("messages[{i}].role"),
+                    format!("unsupported role {other:?}"),
+                ))
+            }
+        };
+        let content = match self.content {
+            Content::Text(s) => Value::String(s),
+            Content::Parts(parts) => {
+                let mut out = Vec::with_capacity(parts.len());
+                for (j, part) in parts.into_iter().enumerate() {
+                    let at = format!("messages[{i}].content[{j}]");
+                    out.push(part.into_template(&at, images)?);
+                }
+                Value::Array(out)
+            }
+        };
+        Ok(json!({"role": role, "content": content}))
+    }
+}
+
+impl Part {
+    /// This part (at `at`) in the chat template's shape: text, or `{"type": "image"}` with
+    /// its image appended to `images`.
+    fn into_template(self, at: &str, images: &mut Vec<ImageSource>) -> Result<Value, ApiError> {
+        match self.kind.as_deref().unwrap_or("") {
+            "text" => {
+                let text = self.text.ok_or_else(|| {
+                    ApiError::bad(format!("{at}.text"), "text part needs a string `text`")
+                })?;
+                Ok(json!({"type": "text", "text": text}))
+            }
+            "image_url" => {
+                let Some(image_url) = self.image_url else {
+                    return Err(ApiError::bad(
+                        format!("{at}.image_url"),
+                        "image_url part needs `image_url: {\"url\": ...}`",
+                    ));
+                };
+                let param = format!("{at}.image_url.url");
+                let Some(url) = image_url.url else {
+                    return Err(ApiError::bad(param, "image_url needs a string `url`"));
+                };
+                images.push(image_source(&url, &param)?);
+                Ok(json!({"type": "image"}))
+            }
+            other => Err(ApiError::bad(
+                format!("{at}.type"),
+                format!("unsupported content part type {other:?} (text or image_url)"),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> ApiError {
+        parse_chat(body.as_bytes()).unwrap_err()
+    }
+
+    fn param(e: &ApiError) -> String {
+        e.body()["error"]["param"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    #[test]
+    fn parses_images_text_and_sampling() {
+        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG fake");
+        let body = json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be exact"},
+                {"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}},
+                    {"type": "text", "text": "read it"}
+                ]}
+            ],
+            "max_completion_tokens": 12, "max_tokens": 99,
+            "temperature": 0.2, "top_p": 0.9, "top_k": -1, "repetition_penalty": 1.1,
+            "stop": "END", "seed": 7, "stream": true, "logprobs": true, "top_logprobs": 3,
+            "user": "ignored"
+        });
+        let p = parse_chat(body.to_string().as_bytes()).unwrap();
+        assert_eq!(p.max_tokens, Some(12), "max_completion_tokens wins");
+        assert_eq!(p.top_k, Some(0));
+        assert_eq!(p.stop, vec!["END"]);
+        assert_eq!(
+            (p.seed, p.stream, p.logprobs, p.top_logprobs),
+            (Some(7), true, true, 3)
+        );
+        assert_eq!(p.images.len(), 1);
+        match &p.images[0] {
+            ImageSource::Data { bytes, param } => {
+                assert_eq!(bytes, b"\x89PNG fake");
+                assert_eq!(param, "messages[1].content[0].image_url.url");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.messages[1]["content"][0], json!({"type": "image"}));
+        assert_eq!(p.messages[1]["content"][1]["text"], "read it");
+    }
+
+    #[test]
+    fn errors_name_the_parameter() {
+        assert!(err("{nope").to_string().contains("not valid JSON"));
+        assert_eq!(param(&err(r#"{"model":"m"}"#)), "messages");
+        assert_eq!(
+            param(&err(
+                r#"{"messages":[{"role":"user","content":"x"}],"n":2}"#
+            )),
+            "n"
+        );
+        let e = err(
+            r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,@@@"}}]}]}"#,
+        );
+        assert_eq!(param(&e), "messages[0].content[0].image_url.url");
+        assert!(e.to_string().contains("base64"), "{e}");
+        let e = err(
+            r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"file:///etc/passwd"}}]}]}"#,
+        );
+        assert!(e.to_string().contains("file://"), "{e}");
+        assert_eq!(
+            param(&err(
+                r#"{"messages":[{"role":"user","content":"x"}],"top_p":"high"}"#
+            )),
+            "top_p"
+        );
+        assert_eq!(
+            param(&err(
+                r#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#
+            )),
+            "top_logprobs"
+        );
+        assert_eq!(
+            param(&err(r#"{"messages":[{"role":"tool","content":"x"}]}"#)),
+            "messages[0].role"
+        );
+        assert_eq!(
+            param(&err(
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[]}"#
+            )),
+            "tools"
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_exact_path_in_plain_words() {
+        let cases = [
+            (
+                r#""top_p":"high""#,
+                "top_p",
+                r#"top_p must be a number, got string "high""#,
+            ),
+            (
+                r#""n":-1"#,
+                "n",
+                "n must be a non-negative integer, got integer `-1`",
+            ),
+            (
+                r#""stream":"yes""#,
+                "stream",
+                "stream must be true or false",
+            ),
+            (r#""seed":1.5"#, "seed", "seed must be an integer"),
+            (
+                r#""stop":5"#,
+                "stop",
+                "stop must be a string or a list of strings",
+            ),
+            (r#""stop":["a",5]"#, "stop[1]", "stop[1] must be a string"),
+            (r#""model":3"#, "model", "model must be a string"),
+        ];
+        for (field, want_param, want_msg) in cases {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{field}}}"#);
+            let e = err(&body);
+            assert_eq!(param(&e), want_param, "{field}: {e}");
+            assert!(e.to_string().starts_with(want_msg), "{field}: {e}");
+            assert!(!e.to_string().contains("line 1"), "{field}: {e}");
+        }
+        let msgs = [
+            (r#""x""#, "messages", "messages must be a list"),
+            (
+                r#"["hi"]"#,
+                "messages[0]",
+                "messages[0] must be a message object",
+            ),
+            (
+                r#"[{"role":5}]"#,
+                "messages[0].role",
+                "messages[0].role must be a string",
+            ),
+            (
+                r#"[{"role":"user","content":5}]"#,
+                "messages[0].content",
+                "messages[0].content must be a string or a list of parts",
+            ),
+            (
+                r#"[{"role":"user","content":["x","y"]}]"#,
+                "messages[0].content[0]",
+                "must be a content part object",
+            ),
+            (
+                r#"[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":7}]}]"#,
+                "messages[0].content[1].text",
+                "must be a string",
+            ),
+            (
+                r#"[{"role":"user","content":[{"type":"image_url","image_url":{"url":5}}]}]"#,
+                "messages[0].content[0].image_url.url",
+                "must be a string",
+            ),
+            (
+                r#"[{"role":"user","content":[{"type":"image_url","image_url":5}]}]"#,
+                "messages[0].content[0].image_url",
+                "must be an object",
+            ),
+        ];
+        for (messages, want_param, want_msg) in msgs {
+            let e = err(&format!(r#"{{"messages":{messages}}}"#));
+            assert_eq!(param(&e), want_param, "{messages}: {e}");
+            assert!(e.to_string().contains(want_msg), "{messages}: {e}");
+        }
+        // The body as a whole.
+        for body in ["[1, 2]", "5", "\"x\""] {
+            let e = err(body);
+            assert_eq!(param(&e), "", "{body}");
+            assert!(e.to_string().contains("must be a JSON object"), "{e}");
+        }
+        let e = err(r#"{"messages":[{"role":"user","role":"user"}]}"#);
+        assert_eq!(param(&e), "messages[0].role", "{e}");
+        assert_eq!(param(&err(r#"{"top_p":1,"top_p":2}"#)), "top_p");
+        assert!(err("{} x").to_string().contains("not valid JSON"));
+        assert!(err("").to_string().contains("not valid JSON"));
+    }
+
+    #[test]
+    fn semantic_checks_name_the_parameter() {
+        let fields = [
+            (r#""top_k":-2"#, "top_k", "-1, 0 or a positive"),
+            (r#""stop":[""]"#, "stop", "non-empty"),
+            (
+                r#""logprobs":true,"top_logprobs":21"#,
+                "top_logprobs",
+                "at most 20",
+            ),
+            (
+                r#""presence_penalty":0.5"#,
+                "presence_penalty",
+                "repetition_penalty",
+            ),
+            (
+                r#""response_format":{}"#,
+                "response_format",
+                "structured output",
+            ),
+        ];
+        for (field, want_param, want_msg) in fields {
+            let e = err(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],{field}}}"#
+            ));
+            assert_eq!(param(&e), want_param, "{field}: {e}");
+            assert!(e.to_string().contains(want_msg), "{field}: {e}");
+        }
+        let at = "messages[0].content[0]";
+        let parts = [
+            (
+                r#"{"type":"image_url"}"#,
+                format!("{at}.image_url"),
+                "part needs",
+            ),
+            (
+                r#"{"type":"image_url","image_url":{"detail":"low"}}"#,
+                format!("{at}.image_url.url"),
+                "needs a string `url`",
+            ),
+            (r#"{"type":"text"}"#, format!("{at}.text"), "needs a string"),
+            (
+                r#"{"type":"input_audio"}"#,
+                format!("{at}.type"),
+                "unsupported",
+            ),
+            (r#"{"text":"x"}"#, format!("{at}.type"), "unsupported"),
+        ];
+        for (part, want_param, want_msg) in &parts {
+            let e = err(&format!(
+                r#"{{"messages":[{{"role":"user","content":[{part}]}}]}}"#
+            ));
+            assert_eq!(param(&e), *want_param, "{part}: {e}");
+            assert!(e.to_string().contains(want_msg), "{part}: {e}");
+        }
+        assert_eq!(param(&err(r#"{"messages":[]}"#)), "messages");
+        let e = err(r#"{"messages":[{"content":"x"}]}"#);
+        assert_eq!(param(&e), "messages[0].role");
+        assert!(e.to_string().contains("needs a string role"), "{e}");
+    }
+
+    #[test]
+    fn nulls_unknown_fields_and_lenient_shapes_are_accepted() {
+        let p = parse_chat(
+            br#"{"messages":[{"role":"developer","content":null,"name":"x"},
+                {"role":"user","content":[{"type":"image_url","image_url":"https://example.com/a.png"}]}],
+                "model":null,"temperature":1,"top_p":null,"stop":null,"seed":-1,"n":1,"tools":null,
+                "presence_penalty":0,"stream_options":{"include_usage":true},"metadata":{"a":[1]}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.messages[0], json!({"role": "system", "content": ""}));
+        assert_eq!(p.temperature, Some(1.0));
+        assert_eq!((p.top_p, p.seed, p.model), (None, Some(u64::MAX), None));
+        assert!(p.stop.is_empty() && !p.stream);
+        assert_eq!(text_bytes(&p.messages), 0);
+    }
+
+    #[test]
+    fn remote_urls_are_kept_for_the_caller_to_refuse() {
+        let p = parse_chat(
+            br#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(&p.images[0], ImageSource::Remote { url, .. } if url == "https://example.com/a.png")
+        );
+    }
+}
