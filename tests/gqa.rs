@@ -6,7 +6,6 @@ mod common;
 use common::golden::{check_top5, golden, ids};
 use common::*;
 use ocrctl::generation::engine::{Engine, EngineError, GenRequest};
-use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
 use ocrctl::generation::sampling::SamplingParams;
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
@@ -36,12 +35,16 @@ fn load(precision: Precision, slots: usize, max_seq: usize) -> OrtModel {
     m
 }
 
-/// 40 greedy steps per fixture image through `Backend::forward` (prefill, then B = 1
+/// 40 greedy steps per fixture image through the engine (`Engine::run`: prefill, then B = 1
 /// decode runs in the sequence's slot): ids exact, top-5 log-probabilities within `tol`.
 fn check_generation(precision: Precision, tol: f32) {
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
-    let mut m = load(precision, 1, 0);
+    let mut engine = Engine {
+        backend: load(precision, 1, 0),
+        max_batch: 1,
+        image_token_id: image_token,
+    };
     let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
     let mut worst = 0f32;
@@ -50,15 +53,8 @@ fn check_generation(precision: Precision, tol: f32) {
         let want = ids(&im["greedy_ids"]);
         let p = preprocess::preprocess(&g.reference_image(im), &cfg);
         let prompt = prompter.encode(&[p.num_image_tokens], None).unwrap();
-        let feats = m.encode_image(&p.pixel_values).unwrap();
-        let opts = GreedyOptions {
-            max_new_tokens: want.len(),
-            top_logprobs: 5,
-            stop_ids: vec![],
-            ignore_eos: true,
-        };
         // One slot only: each image's cache must be freed for the next to get it.
-        let out = generate_greedy(&mut m, &prompt, image_token, Some(&feats), &opts).unwrap();
+        let out = engine_greedy(&mut engine, prompt, p.pixel_values, want.len());
         assert_eq!(out.token_ids, want, "{stem} ({precision:?}): greedy ids");
         worst = worst.max(check_top5(stem, &out.top_logprobs, &im["top5"], tol));
     }

@@ -3,10 +3,9 @@
 
 mod common;
 use common::*;
-use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
+use ocrctl::generation::engine::Engine;
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
-use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{write_optimized_graph, LoadOptions, OrtModel};
 use ocrctl_exporters::export::{Manifest, Precision};
 use ocrctl_exporters::proto::read::summarize;
@@ -20,8 +19,13 @@ type Run = (Vec<u32>, Vec<Vec<(u32, f32)>>);
 fn run_all(dir: &Path, precision: Precision, accuracy_level: u8, steps: usize) -> Vec<Run> {
     let mut lo = LoadOptions::new(precision);
     lo.accuracy_level = accuracy_level;
-    let mut m = OrtModel::load(dir, &lo).unwrap();
+    let m = OrtModel::load(dir, &lo).unwrap();
     let cfg = m.manifest.model.clone();
+    let mut engine = Engine {
+        backend: m,
+        max_batch: 1,
+        image_token_id: cfg.image_token_id,
+    };
     let prompter = Prompter::from_model_dir(dir, cfg.image_token_id).unwrap();
     let pre = PreprocessConfig::from_model_dir(dir, 14, 2).unwrap();
     fixture_images()
@@ -30,14 +34,7 @@ fn run_all(dir: &Path, precision: Precision, accuracy_level: u8, steps: usize) -
             let img = preprocess::load_image(f, preprocess::DEFAULT_MAX_PIXELS).unwrap();
             let p = preprocess::preprocess(&img, &pre);
             let ids = prompter.encode(&[p.num_image_tokens], None).unwrap();
-            let feats = m.encode_image(&p.pixel_values).unwrap();
-            let opts = GreedyOptions {
-                max_new_tokens: steps,
-                top_logprobs: 5,
-                stop_ids: vec![],
-                ignore_eos: true,
-            };
-            let g = generate_greedy(&mut m, &ids, cfg.image_token_id, Some(&feats), &opts).unwrap();
+            let g = engine_greedy(&mut engine, ids, p.pixel_values, steps);
             let top = g
                 .top_logprobs
                 .iter()

@@ -12,7 +12,7 @@
 mod common;
 use common::golden::{check_top5, golden, ids};
 use common::*;
-use ocrctl::generation::generate::{generate_greedy, GreedyOptions};
+use ocrctl::generation::engine::Engine;
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
 use ocrctl::runtime::backend::Backend;
@@ -133,12 +133,17 @@ fn fp16_image_features_match_the_reference() {
     check_features(Precision::Fp16, FP16_FEATURE_TOL);
 }
 
-/// Runs every fixture image end to end (our preprocessing, prompt, graphs) for 40 greedy
-/// steps and compares ids and top-5 log-probabilities with the reference.
+/// Runs every fixture image end to end (our preprocessing, prompt, graphs, the engine the
+/// product runs) for 40 greedy steps and compares ids and top-5 log-probabilities with the
+/// reference.
 fn check_generation(precision: Precision, tol: f32) {
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
-    let mut m = load(precision);
+    let mut engine = Engine {
+        backend: load(precision),
+        max_batch: 1,
+        image_token_id: image_token,
+    };
     let prompter = Prompter::from_model_dir(exported(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(exported(), 14, 2).unwrap();
     let mut worst = 0f32;
@@ -150,14 +155,7 @@ fn check_generation(precision: Precision, tol: f32) {
         let img = g.reference_image(im);
         let p = preprocess::preprocess(&img, &cfg);
         let prompt = prompter.encode(&[p.num_image_tokens], None).unwrap();
-        let feats = m.encode_image(&p.pixel_values).unwrap();
-        let opts = GreedyOptions {
-            max_new_tokens: want_ids.len(),
-            top_logprobs: 5,
-            stop_ids: vec![],
-            ignore_eos: true,
-        };
-        let out = generate_greedy(&mut m, &prompt, image_token, Some(&feats), &opts).unwrap();
+        let out = engine_greedy(&mut engine, prompt, p.pixel_values, want_ids.len());
         assert_eq!(
             out.token_ids, want_ids,
             "{stem} ({precision:?}): greedy ids"

@@ -15,7 +15,7 @@
 use anyhow::Context;
 use clap::Args;
 use ocrctl::generation::engine::{Engine, Event, GenRequest};
-use ocrctl::generation::generate::merge_image_features;
+use ocrctl::generation::generate::prefill;
 use ocrctl::generation::sampling::SamplingParams;
 use ocrctl::model::preprocess;
 use ocrctl::runtime::backend::Backend;
@@ -167,9 +167,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             let v_ms = t.elapsed().as_secs_f64() * 1e3;
             row_gpu.merge(&gpu.poll());
             let t = Instant::now();
-            let mut e = model.embed(&ids)?;
-            merge_image_features(&mut e, &ids, cfg.image_token_id, &feats)?;
-            let (mut logits, mut cache) = model.forward(e, None)?;
+            let (mut logits, mut cache) = prefill(model, &ids, cfg.image_token_id, &[feats])?;
             let p_ms = t.elapsed().as_secs_f64() * 1e3;
             row_gpu.merge(&gpu.poll());
             let t = Instant::now();

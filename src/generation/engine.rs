@@ -38,11 +38,11 @@
 //! ```
 
 use crate::generation::generate::{
-    argmax_and_top_k, log_sum_exp, merge_image_features, FinishReason, Generation, TokenLogprob,
+    argmax_and_top_k, log_sum_exp, prefill, FinishReason, Generation, TokenLogprob,
 };
 use crate::generation::sampling::{Sampler, SamplingParams};
 use crate::runtime::backend::{Backend, BackendError, StepLogits};
-use ndarray::{concatenate, Array2, Array4, Axis};
+use ndarray::Array4;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// One generation request.
@@ -242,24 +242,12 @@ pub struct Engine<B: Backend> {
 
 impl<B: Backend> Engine<B> {
     fn prefill(&mut self, req: &GenRequest) -> Result<(Vec<f32>, B::Cache), BackendError> {
-        let mut e = self.backend.embed(&req.prompt_ids)?;
-        if !req.images.is_empty() {
-            let mut feats = Vec::with_capacity(req.images.len());
-            for p in &req.images {
-                feats.push(self.backend.encode_image(p)?);
-            }
-            let f = if feats.len() == 1 {
-                feats.pop().expect("one image")
-            } else {
-                let views: Vec<_> = feats.iter().map(|f| f.view()).collect();
-                concatenate(Axis(0), &views).map_err(|e| BackendError::Invalid(e.to_string()))?
-            };
-            merge_image_features(&mut e, &req.prompt_ids, self.image_token_id, &f)?;
-        } else if req.prompt_ids.contains(&self.image_token_id) {
-            let f = Array2::zeros((0, e.ncols()));
-            merge_image_features(&mut e, &req.prompt_ids, self.image_token_id, &f)?;
-        }
-        self.backend.forward(e, None)
+        let feats = req
+            .images
+            .iter()
+            .map(|p| self.backend.encode_image(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        prefill(&mut self.backend, &req.prompt_ids, self.image_token_id, &feats)
     }
 
     /// Whether `batch` has room for another request: fewer than `max_batch` decoding, and a

@@ -1,9 +1,8 @@
-//! Greedy generation for one request over any [`Backend`].
-//!
-//! The prompt's image-token rows of the embeddings are replaced by the image features
-//! (transformers' `masked_scatter`), the decoder runs a prefill then one token per step,
-//! and every step records the top-K log-probabilities (log-softmax of float32 logits,
-//! accumulated in float64).
+//! What every decoding path shares, over any [`Backend`]: the multimodal [`prefill`] (the
+//! prompt's image-token rows of the embeddings replaced by the image features, transformers'
+//! `masked_scatter`, then the decoder over the whole prompt), the result types, stop ids, and
+//! the greedy choice with its top-K log-probabilities (log-softmax of float32 logits,
+//! accumulated in float64). The engine ([`crate::generation::engine`]) decodes with them.
 
 use crate::runtime::backend::{Backend, BackendError};
 use ndarray::Array2;
@@ -26,18 +25,6 @@ pub enum FinishReason {
     Length,
     /// The loop guard saw the output repeating itself and stopped it.
     Repetition,
-}
-
-/// Settings for [`generate_greedy`].
-#[derive(Debug, Clone)]
-pub struct GreedyOptions {
-    pub max_new_tokens: usize,
-    /// How many top log-probabilities to record per step (0 = none).
-    pub top_logprobs: usize,
-    /// Token ids that end generation (from `generation_config.json` / `config.json`).
-    pub stop_ids: Vec<u32>,
-    /// Keep generating past stop ids (benchmarks, parity tests).
-    pub ignore_eos: bool,
 }
 
 /// The result of one request.
@@ -69,6 +56,34 @@ pub fn stop_ids(model_dir: &std::path::Path, fallback: &[u32]) -> Vec<u32> {
     from_gen
         .filter(|v: &Vec<u32>| !v.is_empty())
         .unwrap_or_else(|| fallback.to_vec())
+}
+
+/// The multimodal prefill, the one place it is written: embeds `prompt_ids`, puts the image
+/// `features` (one `[N_i, hidden]` block per image, in prompt order) in place of the image
+/// tokens and runs the decoder over the whole prompt. Returns the last position's logits and
+/// the cache. A prompt with image tokens and no features is an error naming both counts.
+pub fn prefill<B: Backend>(
+    backend: &mut B,
+    prompt_ids: &[u32],
+    image_token_id: u32,
+    features: &[Array2<f32>],
+) -> Result<(Vec<f32>, B::Cache), BackendError> {
+    let mut e = backend.embed(prompt_ids)?;
+    match features {
+        [] if !prompt_ids.contains(&image_token_id) => {}
+        [] => {
+            let none = Array2::zeros((0, e.ncols()));
+            merge_image_features(&mut e, prompt_ids, image_token_id, &none)?;
+        }
+        [one] => merge_image_features(&mut e, prompt_ids, image_token_id, one)?,
+        many => {
+            let views: Vec<_> = many.iter().map(|f| f.view()).collect();
+            let all = ndarray::concatenate(ndarray::Axis(0), &views)
+                .map_err(|err| BackendError::Invalid(err.to_string()))?;
+            merge_image_features(&mut e, prompt_ids, image_token_id, &all)?;
+        }
+    }
+    backend.forward(e, None)
 }
 
 /// Replaces the rows of `embeds` at positions where `ids == image_token_id` with the rows
@@ -145,49 +160,6 @@ pub fn argmax_and_top_k(logits: &[f32], k: usize) -> (u32, Vec<TokenLogprob>) {
     (best as u32, top)
 }
 
-/// Greedy decoding of `prompt_ids` with optional image features merged in.
-pub fn generate_greedy<B: Backend>(
-    backend: &mut B,
-    prompt_ids: &[u32],
-    image_token_id: u32,
-    image_features: Option<&Array2<f32>>,
-    opts: &GreedyOptions,
-) -> Result<Generation, BackendError> {
-    let mut embeds = backend.embed(prompt_ids)?;
-    if let Some(f) = image_features {
-        merge_image_features(&mut embeds, prompt_ids, image_token_id, f)?;
-    }
-    let mut out = Generation {
-        token_ids: Vec::new(),
-        logprobs: Vec::new(),
-        top_logprobs: Vec::new(),
-        finish_reason: FinishReason::Length,
-    };
-    if opts.max_new_tokens == 0 {
-        return Ok(out);
-    }
-    let (mut logits, mut cache) = backend.forward(embeds, None)?;
-    loop {
-        let (next, top) = argmax_and_top_k(&logits, opts.top_logprobs);
-        out.token_ids.push(next);
-        if opts.top_logprobs > 0 {
-            out.top_logprobs.push(top);
-        }
-        if !opts.ignore_eos && opts.stop_ids.contains(&next) {
-            out.finish_reason = FinishReason::Stop;
-            break;
-        }
-        if out.token_ids.len() >= opts.max_new_tokens {
-            break;
-        }
-        let e = backend.embed(&[next])?;
-        let (l, c) = backend.forward(e, Some(cache))?;
-        logits = l;
-        cache = c;
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,62 +172,6 @@ mod tests {
         assert_eq!(top.iter().map(|t| t.id).collect::<Vec<_>>(), vec![1, 2, 0]);
         let z: f64 = logits.iter().map(|v| (*v as f64).exp()).sum();
         assert!((top[0].logprob as f64 - (3.0 - z.ln())).abs() < 1e-6);
-    }
-
-    /// A fake model whose next token is (last input token + 1) mod vocab, counting calls.
-    struct Counter {
-        vocab: usize,
-        forwards: usize,
-    }
-
-    impl Backend for Counter {
-        type Cache = usize;
-        fn hidden_size(&self) -> usize {
-            1
-        }
-        fn encode_image(&mut self, _: &ndarray::Array4<f32>) -> Result<Array2<f32>, BackendError> {
-            unreachable!()
-        }
-        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
-                ids[i] as f32
-            }))
-        }
-        fn forward(
-            &mut self,
-            e: Array2<f32>,
-            cache: Option<usize>,
-        ) -> Result<(Vec<f32>, usize), BackendError> {
-            self.forwards += 1;
-            let last = e[[e.nrows() - 1, 0]] as usize;
-            let mut l = vec![0.0; self.vocab];
-            l[(last + 1) % self.vocab] = 5.0;
-            Ok((l, cache.unwrap_or(0) + e.nrows()))
-        }
-    }
-
-    #[test]
-    fn greedy_stops_on_stop_ids_unless_ignored() {
-        let mut b = Counter {
-            vocab: 10,
-            forwards: 0,
-        };
-        let mut opts = GreedyOptions {
-            max_new_tokens: 20,
-            top_logprobs: 2,
-            stop_ids: vec![7],
-            ignore_eos: false,
-        };
-        let g = generate_greedy(&mut b, &[3, 4], 99, None, &opts).unwrap();
-        assert_eq!(g.token_ids, vec![5, 6, 7]);
-        assert_eq!(g.finish_reason, FinishReason::Stop);
-        assert_eq!(g.top_logprobs.len(), 3);
-        assert_eq!(b.forwards, 3);
-        opts.ignore_eos = true;
-        opts.max_new_tokens = 5;
-        let g = generate_greedy(&mut b, &[3, 4], 99, None, &opts).unwrap();
-        assert_eq!(g.token_ids, vec![5, 6, 7, 8, 9]);
-        assert_eq!(g.finish_reason, FinishReason::Length);
     }
 
     #[test]

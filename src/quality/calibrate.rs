@@ -6,7 +6,7 @@
 //! the exporter ([`ocrctl_exporters::awq`]). Decode steps are not run: the prefill already
 //! covers the image tokens and the prompt, which dominate a page's activations.
 
-use crate::generation::generate::merge_image_features;
+use crate::generation::generate::prefill;
 use crate::model::preprocess::{self, PreprocessConfig};
 use crate::model::prompt::Prompter;
 use crate::runtime::backend::Backend;
@@ -83,9 +83,7 @@ pub fn collect(
         let p = preprocess::preprocess(&img, &pre);
         let ids = prompter.encode(&[p.num_image_tokens], None)?;
         let feats = model.encode_image(&p.pixel_values)?;
-        let mut emb = model.embed(&ids)?;
-        merge_image_features(&mut emb, &ids, cfg.image_token_id, &feats)?;
-        model.forward(emb, None)?;
+        prefill(model, &ids, cfg.image_token_id, &[feats])?;
         used += 1;
     }
     model.set_tap(None);

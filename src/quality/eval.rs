@@ -7,9 +7,9 @@
 //! candidate's argmax first differs, which equals the common prefix of the two free-running
 //! greedy decodes), and the cosine similarity of the image features.
 
-use crate::generation::generate::merge_image_features;
+use crate::generation::generate::prefill;
 use crate::runtime::backend::{Backend, BackendError};
-use ndarray::{Array2, Array4};
+use ndarray::Array4;
 use serde::Serialize;
 
 /// Agreement figures for one image.
@@ -59,17 +59,6 @@ fn argmax(v: &[f32]) -> usize {
     best
 }
 
-fn prefill<B: Backend>(
-    b: &mut B,
-    prompt: &[u32],
-    image_token_id: u32,
-    feats: &Array2<f32>,
-) -> Result<(Vec<f32>, B::Cache), BackendError> {
-    let mut e = b.embed(prompt)?;
-    merge_image_features(&mut e, prompt, image_token_id, feats)?;
-    b.forward(e, None)
-}
-
 /// Compares `candidate` against `reference` on one preprocessed image.
 pub fn compare<R: Backend, C: Backend>(
     reference: &mut R,
@@ -90,8 +79,8 @@ pub fn compare<R: Backend, C: Backend>(
     }
     let (a, b): (Vec<f32>, Vec<f32>) = (rf.iter().copied().collect(), cf.iter().copied().collect());
     let feature_cosine = cosine(&a, &b);
-    let (mut rl, mut rc) = prefill(reference, prompt, image_token_id, &rf)?;
-    let (mut cl, mut cc) = prefill(candidate, prompt, image_token_id, &cf)?;
+    let (mut rl, mut rc) = prefill(reference, prompt, image_token_id, std::slice::from_ref(&rf))?;
+    let (mut cl, mut cc) = prefill(candidate, prompt, image_token_id, std::slice::from_ref(&cf))?;
     let (mut agree, mut kl_sum, mut greedy) = (0usize, 0f64, None);
     let mut first = false;
     for step in 0..steps {

@@ -150,3 +150,23 @@ pub fn patch_bytes(path: &Path, from: &[u8], to: &[u8]) {
     b[i..i + from.len()].copy_from_slice(to);
     std::fs::write(path, b).unwrap();
 }
+
+/// Greedy generation of one page through the engine the product runs (`Engine::run`, a
+/// batch of one): `steps` new tokens, past any stop id, with the top-5 log-probabilities of
+/// every step. The parity tests compare this with the transformers goldens.
+pub fn engine_greedy<B: ocrctl::runtime::backend::Backend>(
+    engine: &mut ocrctl::generation::engine::Engine<B>,
+    prompt_ids: Vec<u32>,
+    pixel_values: ndarray::Array4<f32>,
+    steps: usize,
+) -> ocrctl::generation::generate::Generation {
+    let mut req = ocrctl::generation::engine::GenRequest::text(prompt_ids, steps);
+    req.images = vec![pixel_values];
+    req.ignore_eos = true;
+    req.top_logprobs = 5;
+    engine
+        .run([req], &mut |_| {})
+        .pop()
+        .expect("one result")
+        .expect("generation succeeds")
+}
