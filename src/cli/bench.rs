@@ -17,7 +17,6 @@ use clap::Args;
 use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::generation::generate::prefill;
 use ocrctl::generation::sampling::SamplingParams;
-use ocrctl::model::preprocess;
 use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
 use serde_json::json;
@@ -124,14 +123,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let cfg = ocrctl_exporters::export::Manifest::load(&a.model)
         .with_context(|| format!("--model {}", a.model.display()))?
         .model;
-    let (prompter, pre) = crate::cli::common::page_inputs(&a.model, &cfg)?;
+    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
     if opts.max_sequence_length == 0 {
         // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
         let mut longest = 0;
         for s in &a.sizes {
             let (w, h) = parse_size(s)?;
-            let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
-            longest = longest.max(prompter.encode(&[p.num_image_tokens], None)?.len());
+            longest = longest.max(pipeline.prepare(&synthetic_page(w, h))?.prompt_ids.len());
         }
         opts.max_sequence_length = longest + a.new_tokens + 1;
     }
@@ -157,8 +155,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     for s in &a.sizes {
         let (w, h) = parse_size(s)?;
-        let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
-        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let p = pipeline.prepare(&synthetic_page(w, h))?;
+        let ids = &p.prompt_ids;
         let (mut vis, mut pf, mut dec) = (Vec::new(), Vec::new(), Vec::new());
         let mut row_gpu = GpuPeak::default();
         for run in 0..=a.runs {
@@ -167,7 +165,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             let v_ms = t.elapsed().as_secs_f64() * 1e3;
             row_gpu.merge(&gpu.poll());
             let t = Instant::now();
-            let (mut logits, mut cache) = prefill(model, &ids, cfg.image_token_id, &[feats])?;
+            let (mut logits, mut cache) = prefill(model, ids, cfg.image_token_id, &[feats])?;
             let p_ms = t.elapsed().as_secs_f64() * 1e3;
             row_gpu.merge(&gpu.poll());
             let t = Instant::now();
@@ -188,7 +186,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         let (v, pr) = (median(&mut vis), median(&mut pf));
         rows.push(json!({
             "size": format!("{}x{}", p.width, p.height),
-            "image_tokens": p.num_image_tokens,
+            "image_tokens": p.image_tokens,
             "prompt_tokens": ids.len(),
             "vision_ms": v,
             "prefill_ms": pr,
@@ -202,19 +200,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut sweep = Vec::new();
     if let Some(first) = a.sizes.first() {
         let (w, h) = parse_size(first)?;
-        let p = preprocess::preprocess(&synthetic_page(w, h), &pre);
-        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let page = pipeline.prepare(&synthetic_page(w, h))?;
         for &b in &a.batch_sizes {
             engine.max_batch = b.max(1);
             let req = GenRequest {
-                prompt_ids: ids.clone(),
-                images: vec![p.pixel_values.clone()],
                 params: SamplingParams::greedy(),
-                max_new_tokens: a.new_tokens,
                 stop_ids: vec![],
                 ignore_eos: true,
-                logprobs: false,
-                top_logprobs: 0,
+                ..pipeline.request(page.clone(), a.new_tokens)
             };
             let before = engine.backend.kv_stats().clone();
             let t = Instant::now();
@@ -247,7 +240,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 "step_decoder_run_s": secs(after.step_run_ns, before.step_run_ns),
                 "step_logits_s": secs(after.step_logits_ns, before.step_logits_ns),
                 "batch": b,
-                "size": format!("{}x{}", p.width, p.height),
+                "size": format!("{}x{}", page.width, page.height),
                 "seconds": total,
                 "pages_per_s": b as f64 / total,
                 "tokens_per_s": (b * a.new_tokens) as f64 / total,

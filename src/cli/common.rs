@@ -6,12 +6,9 @@
 
 use anyhow::Context;
 use clap::Args;
-use ocrctl::model::preprocess::PreprocessConfig;
-use ocrctl::model::prompt::Prompter;
 use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
 use ocrctl::runtime::ortmodel::LoadOptions;
 use ocrctl::runtime::providers::{CudaConfig, Provider, ProviderConfig, TrtConfig};
-use ocrctl_exporters::config::ModelConfig;
 use ocrctl_exporters::contract::graph;
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use std::path::{Path, PathBuf};
@@ -261,11 +258,4 @@ pub fn describe(e: &anyhow::Error) -> String {
         }
     }
     out
-}
-
-/// The prompt builder and image preprocessing of the exported model in `dir` (whose
-/// normalised config is `cfg`): what every command that reads pages needs.
-pub fn page_inputs(dir: &Path, cfg: &ModelConfig) -> anyhow::Result<(Prompter, PreprocessConfig)> {
-    let prompter = Prompter::from_model_dir(dir, cfg.image_token_id)?;
-    Ok((prompter, PreprocessConfig::for_model(dir, cfg)?))
 }

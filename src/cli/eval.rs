@@ -87,17 +87,16 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             "--candidate: its model config differs from the reference's (different checkpoints?)"
         );
     }
-    let (prompter, pre) = crate::cli::common::page_inputs(&a.reference, &cfg)?;
+    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.reference, &cfg)?;
     let mut rows: Vec<(String, ImageEval)> = Vec::new();
     for path in &a.images {
         let img = preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS)?;
-        let p = preprocess::preprocess(&img, &pre);
-        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let p = pipeline.prepare(&img)?;
         let r = compare(
             &mut reference,
             &mut candidate,
             &p.pixel_values,
-            &ids,
+            &p.prompt_ids,
             cfg.image_token_id,
             a.steps,
         )

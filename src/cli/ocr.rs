@@ -297,10 +297,7 @@ struct Pages<'a, 'd, I> {
     out: &'a Mutex<Output<'d>>,
     units: Mutex<I>,
     loader: Mutex<PageLoader>,
-    prompter: ocrctl::model::prompt::Prompter,
-    pre: preprocess::PreprocessConfig,
-    stops: Vec<u32>,
-    image_token_id: u32,
+    pipeline: ocrctl::generation::pipeline::PagePipeline,
     params: &'a SamplingParams,
     max_tokens: usize,
 }
@@ -319,7 +316,7 @@ fn run_pages<'a, 'd>(
     engines: Vec<(String, ocrctl::runtime::ortmodel::LoadOptions)>,
     cfg: ocrctl_exporters::config::ModelConfig,
 ) -> anyhow::Result<()> {
-    let (prompter, pre) = crate::cli::common::page_inputs(&a.model, &cfg)?;
+    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
     let units = docs
         .iter()
         .enumerate()
@@ -331,10 +328,7 @@ fn run_pages<'a, 'd>(
         out,
         units: Mutex::new(units),
         loader: Mutex::new(PageLoader::new(a.pdfium_lib.clone(), a.max_pixels)),
-        prompter,
-        pre,
-        stops: ocrctl::generation::generate::stop_ids(&a.model, &cfg.eos_token_ids),
-        image_token_id: cfg.image_token_id,
+        pipeline,
         params,
         max_tokens,
     };
@@ -409,24 +403,19 @@ impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
                     }
                     img
                 };
-                let p = preprocess::preprocess(&img, &self.pre);
+                let p = self.pipeline.prepare(&img)?;
                 drop(img);
-                let ids = self.prompter.encode(&[p.num_image_tokens], None)?;
                 let m = Meta {
                     unit,
-                    prompt_tokens: ids.len(),
+                    prompt_tokens: p.prompt_ids.len(),
                     size: [p.height, p.width],
-                    image_tokens: p.num_image_tokens,
+                    image_tokens: p.image_tokens,
                 };
                 let req = GenRequest {
-                    prompt_ids: ids,
-                    images: vec![p.pixel_values],
                     params: self.params.clone(),
-                    max_new_tokens: self.max_tokens,
-                    stop_ids: self.stops.clone(),
                     ignore_eos: self.a.ignore_eos,
-                    logprobs: false,
                     top_logprobs: self.a.top_logprobs,
+                    ..self.pipeline.request(p, self.max_tokens)
                 };
                 Ok((req, m))
             })();
@@ -457,7 +446,7 @@ impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
         let mut engine = Engine {
             backend: model,
             max_batch: batch_size,
-            image_token_id: self.image_token_id,
+            image_token_id: self.pipeline.image_token_id,
         };
         let json = a.json && a.out.is_none();
         let out = || self.out.lock().unwrap_or_else(|e| e.into_inner());
@@ -472,11 +461,11 @@ impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
                 let r: PageResult = match result {
                     Ok(g) => {
                         let text_ids: &[u32] =
-                            match g.token_ids.iter().position(|t| self.stops.contains(t)) {
+                            match g.token_ids.iter().position(|t| self.pipeline.stop_ids.contains(t)) {
                                 Some(i) if !a.ignore_eos => &g.token_ids[..i],
                                 _ => &g.token_ids,
                             };
-                        self.prompter
+                        self.pipeline.prompter
                             .decode(text_ids, true)
                             .map(|text| {
                                 let v = json.then(|| {

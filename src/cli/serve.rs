@@ -15,7 +15,7 @@
 use anyhow::Context;
 use clap::Args;
 use ocrctl::generation::engine::Engine;
-use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
+use ocrctl::generation::sampling::LoopGuard;
 use ocrctl::model::preprocess::DEFAULT_MAX_PIXELS;
 use ocrctl::runtime::devices::{self, Device};
 use ocrctl::runtime::ortmodel::OrtModel;
@@ -170,12 +170,17 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     let manifest =
         Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
     let cfg = manifest.model.clone();
-    let (prompter, mut pre) = crate::cli::common::page_inputs(&a.model, &cfg)?;
+    let ocrctl::generation::pipeline::PagePipeline {
+        prompter,
+        preprocess: mut pre,
+        stop_ids,
+        mut defaults,
+        ..
+    } = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
     // Computed once here (a scan of the vocabulary), not by the first request's handler.
     prompter.max_token_bytes();
     let prompter = Arc::new(prompter);
     pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
-    let mut defaults = SamplingParams::model_defaults(&a.model).map_err(anyhow::Error::msg)?;
     if a.loop_guard {
         defaults.loop_guard = Some(LoopGuard::default());
     }
@@ -233,7 +238,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             allow_remote_images: a.allow_remote_images,
             request_timeout: Duration::from_secs(a.request_timeout),
             defaults,
-            stop_ids: ocrctl::generation::generate::stop_ids(&a.model, &cfg.eos_token_ids),
+            stop_ids,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

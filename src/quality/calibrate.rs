@@ -7,8 +7,7 @@
 //! covers the image tokens and the prompt, which dominate a page's activations.
 
 use crate::generation::generate::prefill;
-use crate::model::preprocess::{self, PreprocessConfig};
-use crate::model::prompt::Prompter;
+use crate::model::preprocess;
 use crate::runtime::backend::Backend;
 use crate::runtime::ortmodel::OrtModel;
 use ocrctl_exporters::awq::{ActivationStats, ChannelStats};
@@ -69,8 +68,7 @@ pub fn collect(
         s.rows += (data.len() / k) as u64;
     })));
     let cfg = model.manifest.model.clone();
-    let prompter = Prompter::from_model_dir(dir, cfg.image_token_id)?;
-    let pre = PreprocessConfig::for_model(dir, &cfg)?;
+    let pipeline = crate::generation::pipeline::PagePipeline::load(dir, &cfg)?;
     let mut used = 0;
     for path in images {
         let img = match preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS) {
@@ -80,10 +78,9 @@ pub fn collect(
                 continue;
             }
         };
-        let p = preprocess::preprocess(&img, &pre);
-        let ids = prompter.encode(&[p.num_image_tokens], None)?;
+        let p = pipeline.prepare(&img)?;
         let feats = model.encode_image(&p.pixel_values)?;
-        prefill(model, &ids, cfg.image_token_id, &[feats])?;
+        prefill(model, &p.prompt_ids, cfg.image_token_id, &[feats])?;
         used += 1;
     }
     model.set_tap(None);

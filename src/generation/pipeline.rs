@@ -1,0 +1,167 @@
+//! One page → one generation request: the part of LightOnOCR's recipe every command that
+//! reads pages shares (`ocr`, `serve`, `eval`, `bench`, calibration), in one place.
+//!
+//! A [`PagePipeline`] is read from an export once and holds the prompt builder (chat
+//! template, tokenizer, image token), the image preprocessing, the stop ids and the sampling
+//! defaults of `generation_config.json`. [`PagePipeline::prepare`] turns a decoded page into
+//! its pixels and prompt ids; [`PagePipeline::request`] makes the engine's request with the
+//! model's defaults, which a caller may then override (CLI flags, request fields).
+//!
+//! ```no_run
+//! use ocrctl::generation::pipeline::PagePipeline;
+//! use ocrctl_exporters::export::Manifest;
+//! let dir = std::path::Path::new("out/tiny");
+//! let cfg = Manifest::load(dir)?.model;
+//! let pipeline = PagePipeline::load(dir, &cfg)?;
+//! let img = image::open("page.png")?.to_rgb8();
+//! let req = pipeline.request(pipeline.prepare(&img)?, 1024);
+//! println!("{} prompt tokens", req.prompt_ids.len());
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+use crate::generation::engine::GenRequest;
+use crate::generation::generate::stop_ids;
+use crate::generation::sampling::SamplingParams;
+use crate::model::preprocess::{self, PreprocessConfig, PreprocessError};
+use crate::model::prompt::{PromptError, Prompter};
+use image::RgbImage;
+use ndarray::Array4;
+use ocrctl_exporters::config::ModelConfig;
+use std::path::Path;
+
+/// Why an export's page recipe could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    #[error(transparent)]
+    Preprocess(#[from] PreprocessError),
+    /// `generation_config.json` is unreadable or holds an invalid value.
+    #[error("{0}")]
+    Defaults(String),
+}
+
+/// A page ready for the engine.
+#[derive(Debug, Clone)]
+pub struct PreparedPage {
+    /// The prompt: the chat template around one run of image tokens.
+    pub prompt_ids: Vec<u32>,
+    /// `[1, 3, height, width]`.
+    pub pixel_values: Array4<f32>,
+    /// Size after preprocessing, px.
+    pub height: u32,
+    pub width: u32,
+    /// Image tokens in the prompt.
+    pub image_tokens: usize,
+}
+
+/// What turns pages into requests for one export (see the module documentation).
+pub struct PagePipeline {
+    pub prompter: Prompter,
+    pub preprocess: PreprocessConfig,
+    /// End-of-sequence ids (`generation_config.json`, else the config's).
+    pub stop_ids: Vec<u32>,
+    /// Sampling defaults from `generation_config.json` (greedy when it has none).
+    pub defaults: SamplingParams,
+    pub image_token_id: u32,
+}
+
+impl PagePipeline {
+    /// Reads the recipe of the export in `dir`, whose normalised config is `cfg`.
+    pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<PagePipeline, PipelineError> {
+        Ok(PagePipeline {
+            prompter: Prompter::from_model_dir(dir, cfg.image_token_id)?,
+            preprocess: PreprocessConfig::for_model(dir, cfg)?,
+            stop_ids: stop_ids(dir, &cfg.eos_token_ids),
+            defaults: SamplingParams::model_defaults(dir).map_err(PipelineError::Defaults)?,
+            image_token_id: cfg.image_token_id,
+        })
+    }
+
+    /// Preprocesses a decoded page and builds its prompt (one image, no text).
+    pub fn prepare(&self, img: &RgbImage) -> Result<PreparedPage, PromptError> {
+        let p = preprocess::preprocess(img, &self.preprocess);
+        let prompt_ids = self.prompter.encode(&[p.num_image_tokens], None)?;
+        Ok(PreparedPage {
+            prompt_ids,
+            pixel_values: p.pixel_values,
+            height: p.height,
+            width: p.width,
+            image_tokens: p.num_image_tokens,
+        })
+    }
+
+    /// The engine's request for `page`: the model's sampling defaults and stop ids, at most
+    /// `max_new_tokens` new tokens.
+    pub fn request(&self, page: PreparedPage, max_new_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt_ids: page.prompt_ids,
+            images: vec![page.pixel_values],
+            params: self.defaults.clone(),
+            max_new_tokens,
+            stop_ids: self.stop_ids.clone(),
+            ignore_eos: false,
+            logprobs: false,
+            top_logprobs: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fixture_page_becomes_the_request_the_reference_prompts_with() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("m");
+        let opts = ocrctl_exporters::export::ExportOptions::new(
+            "tests/fixtures/tiny-lightonocr/checkpoint".into(),
+            dir.clone(),
+        );
+        let cfg = ocrctl_exporters::export::export(&opts, &mut |_| {}).unwrap().model;
+        let p = PagePipeline::load(&dir, &cfg).unwrap();
+        let golden: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string("tests/fixtures/tiny-lightonocr/golden/golden.json")
+                .unwrap(),
+        )
+        .unwrap();
+        let im = golden["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["file"].as_str().unwrap().ends_with(".png"))
+            .unwrap();
+        let img = image::open(
+            Path::new("tests/fixtures/tiny-lightonocr").join(im["file"].as_str().unwrap()),
+        )
+        .unwrap()
+        .to_rgb8();
+        let page = p.prepare(&img).unwrap();
+        let want: Vec<u32> = im["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(page.prompt_ids, want);
+        assert_eq!(
+            page.prompt_ids.iter().filter(|t| **t == cfg.image_token_id).count(),
+            page.image_tokens
+        );
+        let req = p.request(page, 7);
+        assert_eq!(req.max_new_tokens, 7);
+        assert_eq!(req.images.len(), 1);
+        let gen: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("generation_config.json")).unwrap())
+                .unwrap();
+        let eos: Vec<u32> = gen["eos_token_id"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(req.stop_ids, eos, "generation_config.json's eos ids");
+        assert_eq!(req.params, SamplingParams::model_defaults(&dir).unwrap());
+    }
+}
