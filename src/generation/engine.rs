@@ -484,53 +484,7 @@ impl<B: Backend> Engine<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Next token = (sum of the sequence so far) mod vocab: depends on the whole history,
-    /// so any mix-up between batched sequences changes the output.
-    struct SumModel {
-        vocab: usize,
-        max_batch_seen: usize,
-    }
-
-    impl Backend for SumModel {
-        type Cache = u64;
-        fn hidden_size(&self) -> usize {
-            1
-        }
-        fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
-        }
-        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
-                ids[i] as f32
-            }))
-        }
-        fn forward(
-            &mut self,
-            e: Array2<f32>,
-            cache: Option<u64>,
-        ) -> Result<(Vec<f32>, u64), BackendError> {
-            let sum = cache.unwrap_or(0) + e.iter().map(|x| *x as u64).sum::<u64>();
-            let mut l = vec![0.0; self.vocab];
-            l[(sum % self.vocab as u64) as usize] = 10.0;
-            Ok((l, sum))
-        }
-        fn decode_batch(
-            &mut self,
-            tokens: &[u32],
-            caches: Vec<u64>,
-        ) -> Result<(Vec<Vec<f32>>, Vec<u64>), BackendError> {
-            self.max_batch_seen = self.max_batch_seen.max(tokens.len());
-            let mut ls = Vec::new();
-            let mut cs = Vec::new();
-            for (t, c) in tokens.iter().zip(caches) {
-                let (l, c) = self.forward(Array2::from_elem((1, 1), *t as f32), Some(c))?;
-                ls.push(l);
-                cs.push(c);
-            }
-            Ok((ls, cs))
-        }
-    }
+    use crate::runtime::fake::FakeBackend;
 
     fn req(prompt: Vec<u32>, max: usize, w: usize) -> GenRequest {
         GenRequest {
@@ -552,10 +506,7 @@ mod tests {
             .collect();
         let run = |max_batch| {
             let mut e = Engine {
-                backend: SumModel {
-                    vocab: 97,
-                    max_batch_seen: 0,
-                },
+                backend: FakeBackend::sum(97),
                 max_batch,
                 image_token_id: 99,
             };
@@ -592,10 +543,7 @@ mod tests {
         let mut bad = req(vec![1, 99, 2], 3, 5);
         bad.params.top_p = 2.0;
         let mut e = Engine {
-            backend: SumModel {
-                vocab: 97,
-                max_batch_seen: 0,
-            },
+            backend: FakeBackend::sum(97),
             max_batch: 2,
             image_token_id: 99,
         };
@@ -609,46 +557,12 @@ mod tests {
         assert_eq!(r[1].as_ref().unwrap().token_ids.len(), 3);
     }
 
-    /// SumModel, but a prompt holding id 66 gets empty logits: the sampler's precondition
-    /// fails (a panic) for that request alone.
-    struct EmptyLogitsFor66(SumModel);
-
-    impl Backend for EmptyLogitsFor66 {
-        type Cache = u64;
-        fn hidden_size(&self) -> usize {
-            1
-        }
-        fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-            self.0.encode_image(p)
-        }
-        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-            self.0.embed(ids)
-        }
-        fn forward(
-            &mut self,
-            e: Array2<f32>,
-            cache: Option<u64>,
-        ) -> Result<(Vec<f32>, u64), BackendError> {
-            let poisoned = cache.is_none() && e.iter().any(|x| *x == 66.0);
-            let (l, c) = self.0.forward(e, cache)?;
-            Ok((if poisoned { Vec::new() } else { l }, c))
-        }
-        fn decode_batch(
-            &mut self,
-            tokens: &[u32],
-            caches: Vec<u64>,
-        ) -> Result<(Vec<Vec<f32>>, Vec<u64>), BackendError> {
-            self.0.decode_batch(tokens, caches)
-        }
-    }
-
     #[test]
     fn a_panic_while_sampling_fails_only_that_request() {
         let mut e = Engine {
-            backend: EmptyLogitsFor66(SumModel {
-                vocab: 97,
-                max_batch_seen: 0,
-            }),
+            // A prompt holding id 66 gets empty logits: the sampler's precondition fails (a
+            // panic) for that request alone.
+            backend: FakeBackend::sum(97).empty_logits_for(66),
             max_batch: 3,
             image_token_id: 99,
         };
@@ -679,39 +593,13 @@ mod tests {
 #[cfg(test)]
 mod flow_tests {
     use super::*;
+    use crate::runtime::fake::FakeBackend;
 
-    /// Next token = (last input + 1) mod vocab; an image contributes its width as a
-    /// feature, so merged image rows are visible in the output.
-    struct Next;
-
-    impl Backend for Next {
-        type Cache = ();
-        fn hidden_size(&self) -> usize {
-            1
-        }
-        fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
-        }
-        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
-                ids[i] as f32
-            }))
-        }
-        fn forward(
-            &mut self,
-            e: Array2<f32>,
-            _: Option<()>,
-        ) -> Result<(Vec<f32>, ()), BackendError> {
-            let last = e[[e.nrows() - 1, 0]] as usize;
-            let mut l = vec![0.0; 50];
-            l[(last + 1) % 50] = 3.0;
-            Ok((l, ()))
-        }
-    }
-
-    fn engine() -> Engine<Next> {
+    /// Next token = (last input + 1) mod 50; an image contributes its width as a feature, so
+    /// merged image rows are visible in the output.
+    fn engine() -> Engine<FakeBackend> {
         Engine {
-            backend: Next,
+            backend: FakeBackend::successor(50).peak(3.0),
             max_batch: 4,
             image_token_id: 9,
         }

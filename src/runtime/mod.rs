@@ -6,11 +6,14 @@
 //! per device), [`ortlib`] (finding and loading `libonnxruntime`), [`cudalibs`] (the CUDA
 //! wheels the GPU provider needs), [`libsearch`] (where wheel libraries are looked for),
 //! [`gpumem`] (GPU memory from `nvidia-smi`), [`trtrtx`] (the TensorRT-RTX plugin provider and
-//! engines built ahead of time).
+//! engines built ahead of time). In unit tests only, `fake` holds the one configurable fake
+//! `Backend` the tests use instead of a model.
 
 pub mod backend;
 pub mod cudalibs;
 pub mod devices;
+#[cfg(test)]
+pub mod fake;
 pub mod gpumem;
 pub mod libsearch;
 pub mod ortlib;

@@ -341,41 +341,20 @@ pub fn supervise(shared: &Shared, me: usize, f: impl FnOnce(), on_death: impl Fn
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::backend::BackendError;
-    use ndarray::{Array2, Array4};
+    use crate::runtime::fake::FakeBackend;
     use tokio::sync::mpsc::error::TryRecvError;
 
     /// Counts up from the last prompt id through the fixture tokenizer's digits ('0'..'9' are
     /// ids 15..24), one forward per `delay`.
-    struct Slow {
-        delay: Duration,
+    fn slow(delay: Duration) -> FakeBackend {
+        FakeBackend::new(384, |h| 15 + (h[h.len() - 1] as u32 + 1 - 15) % 10)
+            .peak(5.0)
+            .delay(delay)
     }
 
-    impl Backend for Slow {
-        type Cache = u32;
-        fn hidden_size(&self) -> usize {
-            1
-        }
-        fn encode_image(&mut self, _: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-            unreachable!("text-only tests")
-        }
-        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
-                ids[i] as f32
-            }))
-        }
-        fn forward(
-            &mut self,
-            e: Array2<f32>,
-            _: Option<u32>,
-        ) -> Result<(Vec<f32>, u32), BackendError> {
-            std::thread::sleep(self.delay);
-            let last = e[[e.nrows() - 1, 0]] as u32;
-            let next = 15 + (last + 1 - 15) % 10;
-            let mut l = vec![0.0; 384];
-            l[next as usize] = 5.0;
-            Ok((l, next))
-        }
+    /// Panics in its first decoder step.
+    fn panics() -> FakeBackend {
+        FakeBackend::new(2, |_| 1).peak(1.0).panic_at_decode(1)
     }
 
     /// Runs `backend` on a worker thread over `shared`, with the fixture's tokenizer.
@@ -411,7 +390,7 @@ mod tests {
     fn start(delay_ms: u64, batch: usize, queue: usize) -> Arc<Shared> {
         let shared = Arc::new(Shared::new(queue));
         let delay = Duration::from_millis(delay_ms);
-        spawn(Slow { delay }, batch, &shared);
+        spawn(slow(delay), batch, &shared);
         shared
     }
 
@@ -475,14 +454,7 @@ mod tests {
             vec!["cpu:0".into(), "cpu:1".into()],
         ));
         for me in 0..2 {
-            spawn_engine(
-                Slow {
-                    delay: Duration::from_millis(2),
-                },
-                2,
-                &shared,
-                me,
-            );
+            spawn_engine(slow(Duration::from_millis(2)), 2, &shared, me);
         }
         eventually("both engines ready", || {
             shared
@@ -616,30 +588,6 @@ mod tests {
         assert_eq!(text_of(&mut rx2).0, "12");
     }
 
-    /// Panics in its first decoder step.
-    struct Panics;
-
-    impl Backend for Panics {
-        type Cache = ();
-        fn hidden_size(&self) -> usize {
-            1
-        }
-        fn encode_image(&mut self, _: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-            unreachable!()
-        }
-        fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-            Ok(Array2::zeros((ids.len(), 1)))
-        }
-        fn forward(
-            &mut self,
-            e: Array2<f32>,
-            c: Option<()>,
-        ) -> Result<(Vec<f32>, ()), BackendError> {
-            assert!(c.is_none() || e.nrows() == 0, "a bug in a runtime");
-            Ok((vec![0.0, 1.0], ()))
-        }
-    }
-
     #[test]
     fn a_dying_engine_thread_fails_its_requests_and_health() {
         let shared = Arc::new(Shared::new(4));
@@ -647,7 +595,7 @@ mod tests {
         let (j2, mut rx2) = job(5, &[], Duration::from_secs(30));
         shared.submit(j).unwrap();
         shared.submit(j2).unwrap();
-        let t = spawn(Panics, 1, &shared);
+        let t = spawn(panics(), 1, &shared);
         assert!(t.join().is_err(), "the worker panicked");
         assert_eq!(shared.state(), ModelState::Failed);
         assert!(shared.failures().unwrap().contains("stopped"));
@@ -676,7 +624,7 @@ mod tests {
             .join("tests/fixtures/tiny-lightonocr/checkpoint");
         let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
         let engine = Engine {
-            backend: Panics,
+            backend: panics(),
             max_batch: 1,
             image_token_id: 326,
         };

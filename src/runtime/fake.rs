@@ -1,0 +1,155 @@
+//! One configurable fake [`Backend`] for unit tests, so that generation, batching and the
+//! server's engine thread run without a model.
+//!
+//! Its hidden size is 1: a token embeds as its id (one number) and an image's feature is
+//! its width, so merged image rows are visible in the output. The next token is a rule over
+//! every input so far (see [`FakeBackend::new`]); its logit is [`FakeBackend::peak`], all
+//! others 0. The other knobs add a delay, a panic or empty logits, and the public counters
+//! say how it was called.
+
+use crate::runtime::backend::{Backend, BackendError, BatchLogits};
+use ndarray::{Array2, Array4};
+use std::time::Duration;
+
+/// Picks the next token from every input value so far, in order (see [`FakeBackend::new`]).
+type Rule = Box<dyn Fn(&[f32]) -> u32 + Send>;
+
+/// A fake model; build it with [`FakeBackend::new`] (or [`FakeBackend::sum`],
+/// [`FakeBackend::successor`]) and the knobs below.
+pub struct FakeBackend {
+    rule: Rule,
+    vocab: usize,
+    peak: f32,
+    delay: Duration,
+    panic_at_decode: Option<usize>,
+    empty_logits_for: Option<f32>,
+    decodes: usize,
+    /// Decoder runs so far: prefills and decode steps (one per sequence).
+    pub forwards: usize,
+    /// The most sequences one [`Backend::decode_batch`] call has held.
+    pub max_batch_seen: usize,
+}
+
+impl FakeBackend {
+    /// A model over `vocab` ids whose next token is `rule(inputs)`: `inputs` holds every row
+    /// the decoder has seen for this sequence (the prompt, its image rows replaced by the
+    /// images' widths, then each token fed back), one value per row. The cache is that list.
+    pub fn new(vocab: usize, rule: impl Fn(&[f32]) -> u32 + Send + 'static) -> FakeBackend {
+        FakeBackend {
+            rule: Box::new(rule),
+            vocab,
+            peak: 10.0,
+            delay: Duration::ZERO,
+            panic_at_decode: None,
+            empty_logits_for: None,
+            decodes: 0,
+            forwards: 0,
+            max_batch_seen: 0,
+        }
+    }
+
+    /// Next token = (sum of every input so far) mod `vocab`: it depends on the whole history,
+    /// so any mix-up between batched sequences changes the output.
+    pub fn sum(vocab: usize) -> FakeBackend {
+        let v = vocab as u64;
+        FakeBackend::new(vocab, move |h| {
+            (h.iter().map(|x| *x as u64).sum::<u64>() % v) as u32
+        })
+    }
+
+    /// Next token = (last input + 1) mod `vocab`.
+    pub fn successor(vocab: usize) -> FakeBackend {
+        FakeBackend::new(vocab, move |h| {
+            ((h[h.len() - 1] as usize + 1) % vocab) as u32
+        })
+    }
+
+    /// The chosen token's logit (default 10; every other logit is 0).
+    pub fn peak(mut self, logit: f32) -> FakeBackend {
+        self.peak = logit;
+        self
+    }
+
+    /// Sleeps `delay` in every decoder run (prefill, and each sequence of a decode step).
+    pub fn delay(mut self, delay: Duration) -> FakeBackend {
+        self.delay = delay;
+        self
+    }
+
+    /// Panics with "a bug in a runtime" in the `n`-th decode step run (1-based, counted over
+    /// all sequences; prefills do not count), like a runtime bug that unwinds.
+    pub fn panic_at_decode(mut self, n: usize) -> FakeBackend {
+        self.panic_at_decode = Some(n);
+        self
+    }
+
+    /// A prefill whose input holds `id` (as a token or an image width) returns empty logits,
+    /// which the sampler's precondition rejects.
+    pub fn empty_logits_for(mut self, id: u32) -> FakeBackend {
+        self.empty_logits_for = Some(id as f32);
+        self
+    }
+}
+
+impl Backend for FakeBackend {
+    type Cache = Vec<f32>;
+
+    fn hidden_size(&self) -> usize {
+        1
+    }
+
+    fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+        Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
+    }
+
+    fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+        Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
+            ids[i] as f32
+        }))
+    }
+
+    fn forward(
+        &mut self,
+        e: Array2<f32>,
+        cache: Option<Vec<f32>>,
+    ) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        self.forwards += 1;
+        std::thread::sleep(self.delay);
+        let prefill = cache.is_none();
+        if !prefill {
+            self.decodes += 1;
+            if self.panic_at_decode == Some(self.decodes) {
+                panic!("a bug in a runtime");
+            }
+        }
+        let mut history = cache.unwrap_or_default();
+        history.extend(e.iter());
+        if prefill
+            && self
+                .empty_logits_for
+                .is_some_and(|v| e.iter().any(|x| *x == v))
+        {
+            return Ok((Vec::new(), history));
+        }
+        let mut logits = vec![0.0; self.vocab];
+        logits[(self.rule)(&history) as usize] = self.peak;
+        Ok((logits, history))
+    }
+
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<Vec<f32>>,
+    ) -> Result<BatchLogits<Vec<f32>>, BackendError> {
+        self.max_batch_seen = self.max_batch_seen.max(tokens.len());
+        let mut logits = Vec::with_capacity(tokens.len());
+        let mut out = Vec::with_capacity(tokens.len());
+        for (t, c) in tokens.iter().zip(caches) {
+            let e = self.embed(&[*t])?;
+            let (l, c) = self.forward(e, Some(c))?;
+            logits.push(l);
+            out.push(c);
+        }
+        Ok((logits, out))
+    }
+}
