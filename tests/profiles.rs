@@ -707,7 +707,8 @@ fn list_show_and_the_profiles_dir_override() {
     );
     assert!(
         rows.iter()
-            .any(|r| r.starts_with("cpu   -           cpu                             int4       4 ")),
+            .any(|r| r
+                .starts_with("cpu   -           cpu                             int4       4 ")),
         "{text}"
     );
 

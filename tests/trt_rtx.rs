@@ -47,14 +47,25 @@ fn engines_are_built_once_checked_and_rebuilt_when_the_profile_changes() {
     let out = ocrctl_ok(&["build-engines", "--model", model, "--profile", "16gb"]);
     assert!(out.contains("built 3 TensorRT-RTX 1.7.1"), "{out}");
     let engines = m.join("trt-rtx/16gb");
-    for stem in ["vision_encoder_q4f16", "embed_tokens_q4f16", "decoder_model_merged_q4f16"] {
+    for stem in [
+        "vision_encoder_q4f16",
+        "embed_tokens_q4f16",
+        "decoder_model_merged_q4f16",
+    ] {
         let e = engines.join(format!("{stem}.engine"));
-        assert!(std::fs::metadata(&e).unwrap().len() > 1000, "{}", e.display());
+        assert!(
+            std::fs::metadata(&e).unwrap().len() > 1000,
+            "{}",
+            e.display()
+        );
         assert!(engines.join(format!("{stem}_ctx.onnx")).is_file());
     }
     let set = &manifest(&m)["engines"]["16gb"];
     assert_eq!(set["builder"], "tensorrt-rtx");
-    assert_eq!(set["compute_capabilities"], serde_json::json!(["sm86", "sm89", "sm120"]));
+    assert_eq!(
+        set["compute_capabilities"],
+        serde_json::json!(["sm86", "sm89", "sm120"])
+    );
     assert_eq!(set["graphs"].as_object().unwrap().len(), 3);
     assert_eq!(
         set["graphs"]["decoder_model_merged"]["source"],
@@ -62,12 +73,28 @@ fn engines_are_built_once_checked_and_rebuilt_when_the_profile_changes() {
     );
 
     // A second run builds nothing and touches nothing.
-    let before = (mtimes(&engines), std::fs::read(m.join("ocrctl.json")).unwrap());
+    let before = (
+        mtimes(&engines),
+        std::fs::read(m.join("ocrctl.json")).unwrap(),
+    );
     let out = ocrctl_ok(&["build-engines", "--model", model, "--profile", "16gb"]);
     assert!(out.contains("up to date"), "{out}");
-    assert_eq!(before, (mtimes(&engines), std::fs::read(m.join("ocrctl.json")).unwrap()));
+    assert_eq!(
+        before,
+        (
+            mtimes(&engines),
+            std::fs::read(m.join("ocrctl.json")).unwrap()
+        )
+    );
 
-    let out = ocrctl_ok(&["build-engines", "--model", model, "--profile", "16gb", "--check"]);
+    let out = ocrctl_ok(&[
+        "build-engines",
+        "--model",
+        model,
+        "--profile",
+        "16gb",
+        "--check",
+    ]);
     assert!(out.contains("EPContext models valid"), "{out}");
     // The export itself is still intact (engines are recorded apart from its files).
     ocrctl_ok(&["verify", model]);
@@ -75,15 +102,39 @@ fn engines_are_built_once_checked_and_rebuilt_when_the_profile_changes() {
     // The same profile name with another batch size: the engines no longer match.
     let text = std::fs::read_to_string("profiles/16gb.yaml").unwrap();
     let changed = d.path().join("16gb.yaml");
-    std::fs::write(&changed, text.replace("max_batch_size: 6", "max_batch_size: 4")).unwrap();
+    std::fs::write(
+        &changed,
+        text.replace("max_batch_size: 6", "max_batch_size: 4"),
+    )
+    .unwrap();
     let changed = changed.to_str().unwrap();
-    let err = ocrctl_err(&["build-engines", "--model", model, "--profile", changed, "--check"]);
-    assert!(err.contains("changed since the engines were built"), "{err}");
+    let err = ocrctl_err(&[
+        "build-engines",
+        "--model",
+        model,
+        "--profile",
+        changed,
+        "--check",
+    ]);
+    assert!(
+        err.contains("changed since the engines were built"),
+        "{err}"
+    );
     let out = ocrctl(&["build-engines", "--model", model, "--profile", changed]);
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("building: profile 16gb's shape ranges"), "{stderr}");
-    ocrctl_ok(&["build-engines", "--model", model, "--profile", changed, "--check"]);
+    assert!(
+        stderr.contains("building: profile 16gb's shape ranges"),
+        "{stderr}"
+    );
+    ocrctl_ok(&[
+        "build-engines",
+        "--model",
+        model,
+        "--profile",
+        changed,
+        "--check",
+    ]);
 
     // A damaged engine is named.
     let engine = engines.join("embed_tokens_q4f16.engine");
@@ -91,7 +142,14 @@ fn engines_are_built_once_checked_and_rebuilt_when_the_profile_changes() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(&engine, bytes).unwrap();
-    let err = ocrctl_err(&["build-engines", "--model", model, "--profile", changed, "--check"]);
+    let err = ocrctl_err(&[
+        "build-engines",
+        "--model",
+        model,
+        "--profile",
+        changed,
+        "--check",
+    ]);
     assert!(err.contains("embed_tokens_q4f16.engine"), "{err}");
 }
 
@@ -129,7 +187,10 @@ fn the_runner_says_once_why_tensorrt_rtx_cannot_run_and_falls_back() {
     let mut strict = args.to_vec();
     strict.push("--strict-providers");
     let err = ocrctl_err(&strict);
-    assert!(err.contains("tensorrt-rtx execution provider unavailable"), "{err}");
+    assert!(
+        err.contains("tensorrt-rtx execution provider unavailable"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -142,8 +203,24 @@ fn build_engines_refuses_an_ort_export_and_checks_nothing_unbuilt() {
     assert!(err.contains("export with --target tensorrt"), "{err}");
     let t = d.path().join("t");
     export_fixture(&t, &["--target", "tensorrt", "--precision", "int4-fp16"]);
-    let err = ocrctl_err(&["build-engines", "--model", t.to_str().unwrap(), "--profile", "16gb", "--check"]);
-    assert!(err.contains("no engines were built for profile 16gb"), "{err}");
-    let err = ocrctl_err(&["build-engines", "--model", t.to_str().unwrap(), "--profile", "cpu"]);
+    let err = ocrctl_err(&[
+        "build-engines",
+        "--model",
+        t.to_str().unwrap(),
+        "--profile",
+        "16gb",
+        "--check",
+    ]);
+    assert!(
+        err.contains("no engines were built for profile 16gb"),
+        "{err}"
+    );
+    let err = ocrctl_err(&[
+        "build-engines",
+        "--model",
+        t.to_str().unwrap(),
+        "--profile",
+        "cpu",
+    ]);
     assert!(err.contains("no tensorrt_rtx section"), "{err}");
 }

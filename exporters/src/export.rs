@@ -307,7 +307,10 @@ impl Manifest {
         use sha2::{Digest, Sha256};
         let find = |name: &str| {
             let rel = format!("onnx/{name}");
-            self.files.iter().find(|f| f.name == rel).map(|f| f.sha256.clone())
+            self.files
+                .iter()
+                .find(|f| f.name == rel)
+                .map(|f| f.sha256.clone())
         };
         let mut h = Sha256::new();
         h.update(find(file)?.as_bytes());

@@ -93,7 +93,11 @@ pub fn run(a: BuildEnginesArgs) -> anyhow::Result<ExitCode> {
 
 /// `--check`: the recorded set matches, its engines hash to what was recorded, and its
 /// EPContext models are EPContext nodes only.
-fn check(m: &Manifest, spec: &engines::BuildSpec, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn check(
+    m: &Manifest,
+    spec: &engines::BuildSpec,
+    dir: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
     let set = m.engines.get(&spec.profile);
     engines::check(set, spec, None, dir).map_err(anyhow::Error::msg)?;
     let set = set.expect("check passed");

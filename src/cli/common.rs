@@ -225,8 +225,10 @@ fn trt_rtx_config(
         return c;
     };
     for g in &spec.graphs {
-        c.shapes
-            .insert(g.stem.clone(), (g.min.clone(), g.opt.clone(), g.max.clone()));
+        c.shapes.insert(
+            g.stem.clone(),
+            (g.min.clone(), g.opt.clone(), g.max.clone()),
+        );
     }
     let runtime = trtrtx::plugin_library()
         .ok()
@@ -235,7 +237,9 @@ fn trt_rtx_config(
     match engines::check(set, &spec, runtime.as_deref(), model) {
         Ok(()) => {
             let set = set.expect("a matching set exists");
-            c.engines = engines::context_models(set, &spec, model).into_iter().collect();
+            c.engines = engines::context_models(set, &spec, model)
+                .into_iter()
+                .collect();
         }
         Err(why) => {
             if p.providers.first() == Some(&Provider::TensorRtRtx) {

@@ -263,7 +263,16 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         let mut opts = opts;
         opts.kv_slots = batch_size;
         let engines = engine_options(&a.devices, &opts)?;
-        run_pages(&a, &docs, &out, &params, batch_size, max_tokens, engines, manifest.model)?;
+        run_pages(
+            &a,
+            &docs,
+            &out,
+            &params,
+            batch_size,
+            max_tokens,
+            engines,
+            manifest.model,
+        )?;
     }
     let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
     let secs = out.close();
@@ -460,12 +469,16 @@ impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
                 let name = o.page_name(d, page);
                 let r: PageResult = match result {
                     Ok(g) => {
-                        let text_ids: &[u32] =
-                            match g.token_ids.iter().position(|t| self.pipeline.stop_ids.contains(t)) {
-                                Some(i) if !a.ignore_eos => &g.token_ids[..i],
-                                _ => &g.token_ids,
-                            };
-                        self.pipeline.prompter
+                        let text_ids: &[u32] = match g
+                            .token_ids
+                            .iter()
+                            .position(|t| self.pipeline.stop_ids.contains(t))
+                        {
+                            Some(i) if !a.ignore_eos => &g.token_ids[..i],
+                            _ => &g.token_ids,
+                        };
+                        self.pipeline
+                            .prompter
                             .decode(text_ids, true)
                             .map(|text| {
                                 let v = json.then(|| {

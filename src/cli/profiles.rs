@@ -10,8 +10,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use ocrctl::profile::{
     self, available, budget_with, decoder_updates_kv_in_place, export_notes, locate, trt_shapes,
-    vision_attention_fused_in, weights_bytes, BudgetOptions, ModelDims, Profile,
-    TrtShapes,
+    vision_attention_fused_in, weights_bytes, BudgetOptions, ModelDims, Profile, TrtShapes,
 };
 use ocrctl_exporters::export::Manifest;
 use serde::Serialize;

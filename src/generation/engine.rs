@@ -247,7 +247,12 @@ impl<B: Backend> Engine<B> {
             .iter()
             .map(|p| self.backend.encode_image(p))
             .collect::<Result<Vec<_>, _>>()?;
-        prefill(&mut self.backend, &req.prompt_ids, self.image_token_id, &feats)
+        prefill(
+            &mut self.backend,
+            &req.prompt_ids,
+            self.image_token_id,
+            &feats,
+        )
     }
 
     /// Whether `batch` has room for another request: fewer than `max_batch` decoding, and a

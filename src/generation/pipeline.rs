@@ -119,11 +119,12 @@ mod tests {
             "tests/fixtures/tiny-lightonocr/checkpoint".into(),
             dir.clone(),
         );
-        let cfg = ocrctl_exporters::export::export(&opts, &mut |_| {}).unwrap().model;
+        let cfg = ocrctl_exporters::export::export(&opts, &mut |_| {})
+            .unwrap()
+            .model;
         let p = PagePipeline::load(&dir, &cfg).unwrap();
         let golden: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string("tests/fixtures/tiny-lightonocr/golden/golden.json")
-                .unwrap(),
+            &std::fs::read_to_string("tests/fixtures/tiny-lightonocr/golden/golden.json").unwrap(),
         )
         .unwrap();
         let im = golden["images"]
@@ -146,7 +147,10 @@ mod tests {
             .collect();
         assert_eq!(page.prompt_ids, want);
         assert_eq!(
-            page.prompt_ids.iter().filter(|t| **t == cfg.image_token_id).count(),
+            page.prompt_ids
+                .iter()
+                .filter(|t| **t == cfg.image_token_id)
+                .count(),
             page.image_tokens
         );
         let req = p.request(page, 7);

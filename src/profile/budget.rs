@@ -289,8 +289,14 @@ pub fn budget_with(
     let gpu = p.uses_gpu();
     if p.has_tensorrt() {
         // One TensorRT runs a graph: the larger workspace of the two that may.
-        let classic = p.tensorrt.as_ref().map_or(0, |t| gib_to_bytes(t.workspace_gb));
-        let rtx = p.tensorrt_rtx.as_ref().map_or(0, |t| gib_to_bytes(t.workspace_gb));
+        let classic = p
+            .tensorrt
+            .as_ref()
+            .map_or(0, |t| gib_to_bytes(t.workspace_gb));
+        let rtx = p
+            .tensorrt_rtx
+            .as_ref()
+            .map_or(0, |t| gib_to_bytes(t.workspace_gb));
         rows.push(BudgetRow {
             item: "TensorRT workspace".into(),
             bytes: classic.max(rtx),

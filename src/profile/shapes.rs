@@ -185,7 +185,13 @@ pub fn trt_shapes(p: &Profile, d: &ModelDims) -> TrtShapes {
     let decoder = ShapeRange {
         min: decoder_shapes(d, 1, 1, 0, 1),
         opt: decoder_shapes(d, b, 1, opt_past, opt_past + 1),
-        max: decoder_shapes(d, b, seq, seq.saturating_sub(1), (2 * seq).saturating_sub(1)),
+        max: decoder_shapes(
+            d,
+            b,
+            seq,
+            seq.saturating_sub(1),
+            (2 * seq).saturating_sub(1),
+        ),
     };
     TrtShapes {
         vision_encoder: vision,

@@ -37,7 +37,10 @@ pub fn python() -> Result<(PathBuf, String), String> {
     };
     for py in &candidates {
         let out = Command::new(py)
-            .args(["-c", &format!("import {BINDINGS} as t; print(t.__version__)")])
+            .args([
+                "-c",
+                &format!("import {BINDINGS} as t; print(t.__version__)"),
+            ])
             .stderr(Stdio::null())
             .output();
         if let Ok(o) = out {

@@ -84,15 +84,15 @@ impl BuildSpec {
             let g = graphs_of
                 .get(part)
                 .ok_or_else(|| format!("the export has no {part} graph"))?;
-            let source_digest = m
-                .graph_digest(&g.file, g.data_file.as_deref())
-                .ok_or_else(|| {
-                    format!(
-                        "the manifest records no digest of onnx/{} (an export older than the \
+            let source_digest =
+                m.graph_digest(&g.file, g.data_file.as_deref())
+                    .ok_or_else(|| {
+                        format!(
+                            "the manifest records no digest of onnx/{} (an export older than the \
                          digests; export again)",
-                        g.file
-                    )
-                })?;
+                            g.file
+                        )
+                    })?;
             graphs.push(GraphSpec {
                 part: part.to_string(),
                 stem: g.file.trim_end_matches(".onnx").to_string(),
@@ -165,10 +165,7 @@ pub fn check(
             .get(&g.part)
             .ok_or_else(|| format!("no engine was built for {}", g.part))?;
         if e.source_digest != g.source_digest || e.source != g.source {
-            return Err(format!(
-                "{} changed since its engine was built",
-                g.source
-            ));
+            return Err(format!("{} changed since its engine was built", g.source));
         }
         for (f, bytes) in [(&e.engine, Some(e.engine_bytes)), (&e.context_model, None)] {
             let p = dir.join(&set.dir).join(f);

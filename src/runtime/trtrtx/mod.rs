@@ -193,8 +193,7 @@ fn register(env: &ort::environment::Environment) -> Result<(), String> {
                 .unwrap_or_default();
             files.sort();
             if let Some(f) = files.pop() {
-                crate::runtime::cudalibs::open_global(&f)
-                    .map_err(|e| load_error(&lib, &e))?;
+                crate::runtime::cudalibs::open_global(&f).map_err(|e| load_error(&lib, &e))?;
             }
         }
     }
@@ -241,21 +240,36 @@ mod tests {
                 .find(|(key, _)| key == &format!("{EP_NAME}.{k}"))
                 .map(|(_, v)| v.clone())
         };
-        assert_eq!(get(&o, "nv_runtime_cache_path").as_deref(), Some("/m/trt-rtx/cache"));
-        assert_eq!(get(&o, "nv_max_workspace_size").as_deref(), Some("1073741824"));
+        assert_eq!(
+            get(&o, "nv_runtime_cache_path").as_deref(),
+            Some("/m/trt-rtx/cache")
+        );
+        assert_eq!(
+            get(&o, "nv_max_workspace_size").as_deref(),
+            Some("1073741824")
+        );
         assert_eq!(get(&o, "enable_cuda_graph").as_deref(), Some("0"));
         assert_eq!(get(&o, "nv_profile_max_shapes").as_deref(), Some("a:3"));
-        c.engines
-            .insert("vision_encoder_q4f16".into(), PathBuf::from("/m/x_ctx.onnx"));
+        c.engines.insert(
+            "vision_encoder_q4f16".into(),
+            PathBuf::from("/m/x_ctx.onnx"),
+        );
         let o = c.options("vision_encoder_q4f16");
         assert_eq!(get(&o, "nv_profile_max_shapes"), None);
-        assert_eq!(get(&o, "nv_runtime_cache_path").as_deref(), Some("/m/trt-rtx/cache"));
+        assert_eq!(
+            get(&o, "nv_runtime_cache_path").as_deref(),
+            Some("/m/trt-rtx/cache")
+        );
     }
 
     #[test]
     fn the_bundled_version_comes_from_the_library_names() {
         let d = tempfile::tempdir().unwrap();
-        for f in [PLUGIN_LIBRARY, "libtensorrt_rtx.so.1.7.1", "libtensorrt_rtx.so.1"] {
+        for f in [
+            PLUGIN_LIBRARY,
+            "libtensorrt_rtx.so.1.7.1",
+            "libtensorrt_rtx.so.1",
+        ] {
             std::fs::write(d.path().join(f), b"").unwrap();
         }
         assert_eq!(

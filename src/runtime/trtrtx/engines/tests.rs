@@ -59,29 +59,48 @@ fn the_16gb_spec_builds_the_three_int4_graphs_with_the_profiles_shapes() {
     let s = BuildSpec::new(&m, &p).unwrap();
     assert_eq!(s.dir, "trt-rtx/16gb");
     assert_eq!(s.compute_capabilities, ["sm86", "sm89", "sm120"]);
-    assert_eq!(s.workspace_bytes, None, "the shipped profiles set no workspace limit");
+    assert_eq!(
+        s.workspace_bytes, None,
+        "the shipped profiles set no workspace limit"
+    );
     let stems: Vec<&str> = s.graphs.iter().map(|g| g.stem.as_str()).collect();
     assert_eq!(
         stems,
-        ["vision_encoder_q4f16", "embed_tokens_q4f16", "decoder_model_merged_q4f16"]
+        [
+            "vision_encoder_q4f16",
+            "embed_tokens_q4f16",
+            "decoder_model_merged_q4f16"
+        ]
     );
     let shapes = trt_shapes(&p, &ModelDims::from_config(&m.model));
     assert_eq!(s.graphs[2].max, shapes.decoder.max);
     assert_eq!(s.graphs[0].opt, shapes.vision_encoder.opt);
     assert!(s.graphs.iter().all(|g| g.source_digest.len() == 64));
     // The digest is stable and follows the values that shape an engine.
-    assert_eq!(s.profile_digest(), BuildSpec::new(&m, &p).unwrap().profile_digest());
+    assert_eq!(
+        s.profile_digest(),
+        BuildSpec::new(&m, &p).unwrap().profile_digest()
+    );
     let mut p2 = p.clone();
     p2.max_batch_size += 1;
-    assert_ne!(s.profile_digest(), BuildSpec::new(&m, &p2).unwrap().profile_digest());
+    assert_ne!(
+        s.profile_digest(),
+        BuildSpec::new(&m, &p2).unwrap().profile_digest()
+    );
     let mut p3 = p.clone();
     p3.tensorrt_rtx.as_mut().unwrap().compute_capabilities = vec!["sm89".into()];
-    assert_ne!(s.profile_digest(), BuildSpec::new(&m, &p3).unwrap().profile_digest());
+    assert_ne!(
+        s.profile_digest(),
+        BuildSpec::new(&m, &p3).unwrap().profile_digest()
+    );
     // Settings that do not shape an engine leave the digest alone.
     let mut p4 = p.clone();
     p4.queue_size += 1;
     p4.tensorrt_rtx.as_mut().unwrap().cuda_graphs = true;
-    assert_eq!(s.profile_digest(), BuildSpec::new(&m, &p4).unwrap().profile_digest());
+    assert_eq!(
+        s.profile_digest(),
+        BuildSpec::new(&m, &p4).unwrap().profile_digest()
+    );
 }
 
 #[test]
@@ -91,7 +110,10 @@ fn specs_are_refused_for_ort_exports_missing_precisions_and_profiles_without_the
     assert!(e.contains("--target tensorrt"), "{e}");
     let (_d2, m2) = export_fixture(Target::TensorRt);
     let e = BuildSpec::new(&m2, &profile("24gb")).unwrap_err();
-    assert!(e.contains("no fp16 graphs") && e.contains("--precision fp16"), "{e}");
+    assert!(
+        e.contains("no fp16 graphs") && e.contains("--precision fp16"),
+        "{e}"
+    );
     let e = BuildSpec::new(&m2, &profile("cpu")).unwrap_err();
     assert!(e.contains("no tensorrt_rtx section"), "{e}");
 }
@@ -103,14 +125,19 @@ fn a_recorded_set_is_used_only_while_everything_it_was_built_from_matches() {
     let p = profile("16gb");
     let spec = BuildSpec::new(&m, &p).unwrap();
     let e = check(None, &spec, None, &dir).unwrap_err();
-    assert!(e.contains("ocrctl build-engines --model") && e.contains("--profile 16gb"), "{e}");
+    assert!(
+        e.contains("ocrctl build-engines --model") && e.contains("--profile 16gb"),
+        "{e}"
+    );
 
     let set = fake_set(&spec, &dir, "1.7.1.116");
     check(Some(&set), &spec, Some("1.7.1"), &dir).unwrap();
     check(Some(&set), &spec, None, &dir).unwrap();
     let models = context_models(&set, &spec, &dir);
     assert_eq!(models.len(), 3);
-    assert!(models[0].1.ends_with("trt-rtx/16gb/vision_encoder_q4f16_ctx.onnx"));
+    assert!(models[0]
+        .1
+        .ends_with("trt-rtx/16gb/vision_encoder_q4f16_ctx.onnx"));
 
     // Another TensorRT-RTX release.
     let e = check(Some(&set), &spec, Some("1.8.0"), &dir).unwrap_err();
@@ -123,7 +150,11 @@ fn a_recorded_set_is_used_only_while_everything_it_was_built_from_matches() {
     assert!(e.contains("changed since the engines were built"), "{e}");
     // A source graph that changed.
     let mut other = set.clone();
-    other.graphs.get_mut("decoder_model_merged").unwrap().source_digest = "0".repeat(64);
+    other
+        .graphs
+        .get_mut("decoder_model_merged")
+        .unwrap()
+        .source_digest = "0".repeat(64);
     let e = check(Some(&other), &spec, None, &dir).unwrap_err();
     assert!(
         e.contains("onnx/decoder_model_merged_q4f16.onnx changed since its engine was built"),
@@ -133,7 +164,10 @@ fn a_recorded_set_is_used_only_while_everything_it_was_built_from_matches() {
     let engine = dir.join("trt-rtx/16gb/embed_tokens_q4f16.engine");
     std::fs::write(&engine, [1u8; 10]).unwrap();
     let e = check(Some(&set), &spec, None, &dir).unwrap_err();
-    assert!(e.contains("embed_tokens_q4f16.engine: 10 bytes, 100 were built"), "{e}");
+    assert!(
+        e.contains("embed_tokens_q4f16.engine: 10 bytes, 100 were built"),
+        "{e}"
+    );
     std::fs::remove_file(&engine).unwrap();
     let e = check(Some(&set), &spec, None, &dir).unwrap_err();
     assert!(e.contains("embed_tokens_q4f16.engine"), "{e}");
@@ -153,8 +187,13 @@ fn a_graph_with_ordinary_nodes_is_not_an_epcontext_model() {
     let g = &m.graphs[&Precision::Int4Fp16]["embed_tokens"];
     let path = d.path().join("m/onnx").join(&g.file);
     let e = check_context_model(&path).unwrap_err();
-    assert!(e.contains("an EPContext model holds EPContext nodes only"), "{e}");
+    assert!(
+        e.contains("an EPContext model holds EPContext nodes only"),
+        "{e}"
+    );
     let junk = d.path().join("junk.onnx");
     std::fs::write(&junk, [0xffu8; 7]).unwrap();
-    assert!(check_context_model(&junk).unwrap_err().contains("not an ONNX model"));
+    assert!(check_context_model(&junk)
+        .unwrap_err()
+        .contains("not an ONNX model"));
 }
