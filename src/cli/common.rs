@@ -49,6 +49,10 @@ pub struct RuntimeArgs {
     /// Skip checking the export's files against the sha256 digests in its ocrctl.json.
     #[arg(long, env = "OCRCTL_NO_VERIFY")]
     pub no_verify: bool,
+    /// CUDA graphs for the GQA decoder's decode steps (`on`/`off`; default: the profile's
+    /// `cuda.cuda_graphs`, else off).
+    #[arg(long, env = "OCRCTL_CUDA_GRAPHS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub cuda_graphs: Option<bool>,
 }
 
 /// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
@@ -196,6 +200,9 @@ impl RuntimeArgs {
             if let Some(t) = &p.tensorrt_rtx {
                 pc.trt_rtx = trt_rtx_config(model, p, t);
             }
+        }
+        if let Some(g) = self.cuda_graphs {
+            pc.cuda.cuda_graphs = g;
         }
         lo.providers = pc;
         Ok((lo, profile))

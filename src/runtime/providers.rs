@@ -60,7 +60,7 @@ pub struct CudaConfig {
     pub memory_limit: Option<usize>,
     /// `kSameAsRequested` instead of power-of-two arena growth (tight budgets).
     pub same_as_requested: bool,
-    /// CUDA graphs (fixed shapes only).
+    /// CUDA graphs for the GQA decoder's decode steps (one graph per batch bucket).
     pub cuda_graphs: bool,
 }
 
@@ -137,9 +137,13 @@ pub fn dispatch(
         // Plugin EPs are appended per device, not by dispatch (`trtrtx::append`).
         Provider::Cpu | Provider::TensorRtRtx => None,
         Provider::Cuda => {
+            // CUDA graphs only for the GQA decoder, whose decode steps have fixed shapes per
+            // batch bucket (see `ortmodel::gqa::graphs`); the other graphs' shapes change.
+            let graphs = cfg.cuda.cuda_graphs
+                && part.starts_with(ocrctl_exporters::contract::graph::DECODER_GQA);
             let mut c = ep::CUDA::default()
                 .with_device_id(cfg.device_id)
-                .with_cuda_graph(cfg.cuda.cuda_graphs);
+                .with_cuda_graph(graphs);
             if let Some(l) = cfg.cuda.memory_limit {
                 c = c.with_memory_limit(l);
             }

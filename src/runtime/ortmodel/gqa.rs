@@ -20,6 +20,8 @@
 //! (a safety net for host arrays); for these views that copy would be the whole cache, so the
 //! inputs are bound with ONNX Runtime's C `BindInput` directly ([`bind_input_in_place`]).
 
+mod graphs;
+
 use crate::runtime::backend::{BackendError, StepLogits};
 use half::f16;
 use ocrctl_exporters::contract::{graph, tensor};
@@ -67,6 +69,10 @@ pub(super) struct GqaCache {
     present_names: Vec<String>,
     /// Whether the graph has the `next_token` (argmax) output.
     has_next_token: bool,
+    /// With CUDA graphs enabled on the session: the options of runs that are not captured.
+    no_graph: Option<ort::session::RunOptions>,
+    /// CUDA graphs of the decode steps, one per batch bucket ([`graphs`]).
+    graphs: Option<graphs::DecodeGraphs>,
 }
 
 impl GqaCache {
@@ -127,6 +133,8 @@ impl GqaCache {
                 .outputs()
                 .iter()
                 .any(|o| o.name() == tensor::NEXT_TOKEN),
+            no_graph: None,
+            graphs: None,
         })
     }
 
@@ -266,7 +274,11 @@ impl GqaCache {
         }
         b.synchronize_inputs().map_err(rt)?;
         let t = std::time::Instant::now();
-        let mut out = decoder.run_binding(&b).map_err(rt)?;
+        let mut out = match &self.no_graph {
+            Some(o) => decoder.run_binding_with_options(&b, o),
+            None => decoder.run_binding(&b),
+        }
+        .map_err(rt)?;
         let run_ns = t.elapsed().as_nanos() as u64;
         let t = std::time::Instant::now();
         let next = match out.remove(tensor::NEXT_TOKEN) {
@@ -412,15 +424,28 @@ impl super::OrtModel {
         for ((slot, _), t) in step.iter().zip(tokens) {
             ids[*slot] = *t;
         }
-        let t = std::time::Instant::now();
-        let embeds = self.embed_ids(vec![ids.len() as i64, 1], &ids)?;
-        self.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
-        let g = self.gqa.as_mut().expect("the GQA path has its cache");
         let want: Vec<(usize, bool)> = step
             .iter()
             .enumerate()
             .map(|(i, (slot, _))| (*slot, !argmax_only.get(i).copied().unwrap_or(false)))
             .collect();
+        let g = self.gqa.as_mut().expect("the GQA path has its cache");
+        if g.graphs_enabled() {
+            let (out, run_ns, read_ns) =
+                g.graph_step(&mut self.decoder, &mut self.embed, &ids, &lens, &want)?;
+            for (c, (slot, len)) in caches.iter_mut().zip(&step) {
+                c.len = len + 1;
+                g.set_len(*slot, c.len);
+            }
+            self.stats.bound_runs += 1;
+            self.stats.step_run_ns += run_ns;
+            self.stats.step_logits_ns += read_ns;
+            return Ok((out, caches));
+        }
+        let t = std::time::Instant::now();
+        let embeds = self.embed_ids(vec![ids.len() as i64, 1], &ids)?;
+        self.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
+        let g = self.gqa.as_mut().expect("the GQA path has its cache");
         let (out, run_ns, read_ns) = g.run(
             &mut self.decoder,
             &self.placement.host,

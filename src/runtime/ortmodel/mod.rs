@@ -235,8 +235,19 @@ impl OrtModel {
         let t = &manifest.model.text;
         let decoder_path = path_of(variant.part())?;
         let vision = session::build(&env, &path_of(graph::VISION)?, opts, None)?.session;
-        let embed = session::build(&env, &path_of(graph::EMBED)?, opts, None)?.session;
-        let decoder = session::build(&env, &decoder_path, opts, None)?;
+        let mut embed = session::build(&env, &path_of(graph::EMBED)?, opts, None)?.session;
+        let (mut decoder, graphs_on) = match session::build(&env, &decoder_path, opts, None) {
+            // ONNX Runtime refuses graph capture for a session with nodes outside the CUDA
+            // provider; the decoder then runs uncaptured rather than not at all.
+            Err(e) if opts.providers.cuda.cuda_graphs && variant == DecoderVariant::Gqa => {
+                tracing::warn!("CUDA graphs unavailable ({e}); decode steps run without them");
+                let mut plain = opts.clone();
+                plain.providers.cuda.cuda_graphs = false;
+                (session::build(&env, &decoder_path, &plain, None)?, false)
+            }
+            r => (r?, opts.providers.cuda.cuda_graphs),
+        };
+        let (t_hidden, t_vocab) = (t.hidden_size, t.vocab_size);
         let placement = Placement::for_provider(decoder.provider, opts.providers.device_id)
             .map_err(|e| LoadError::Session {
                 path: decoder_path.clone(),
@@ -284,6 +295,20 @@ impl OrtModel {
                     path: decoder_path.clone(),
                     message: e.to_string(),
                 })?;
+                let mut cache = cache;
+                if graphs_on && decoder.provider == Provider::Cuda {
+                    let t = std::time::Instant::now();
+                    match cache.enable_graphs(&mut decoder.session, &mut embed, t_hidden, t_vocab) {
+                        Ok(()) => tracing::info!(
+                            "CUDA graphs for decode steps of 1 to {} sequences captured in {:.1} s",
+                            cache.slots,
+                            t.elapsed().as_secs_f64()
+                        ),
+                        Err(e) => tracing::warn!(
+                            "CUDA graphs unavailable ({e}); decode steps run without them"
+                        ),
+                    }
+                }
                 tracing::info!(
                     "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB) in {} memory",
                     cache.slots,

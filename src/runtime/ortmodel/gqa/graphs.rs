@@ -1,0 +1,345 @@
+//! CUDA graphs for the GQA decoder's decode steps (`--cuda-graphs on`, or a profile's
+//! `cuda.cuda_graphs`).
+//!
+//! A batch-1 decode step launches about a thousand small kernels; on an H200 the launches,
+//! not the GPU's work, set its ~5 ms. ONNX Runtime's CUDA provider can capture a run as a
+//! CUDA graph and replay it with one launch (`enable_cuda_graph`, one graph per run-option
+//! `gpu_graph_id`). A replay ignores the run's bindings: every input and output must stay at
+//! the address it had when the graph was captured. So for each batch bucket (1, 2, 4, … up to
+//! the slot count) this module keeps, for the life of the model:
+//!
+//! - one `IoBinding` of the decoder: the KV buffers' views of slots `0..rows` as past input and
+//!   present output (the same memory as every other run), and fixed device tensors for
+//!   `inputs_embeds [rows, 1, hidden]`, `seqlens_k [rows]`, `logits [rows, 1, vocab]` and
+//!   `next_token [rows, 1]`;
+//! - `total_sequence_length` fixed at the cache's `max_seq`. GroupQueryAttention reads it on
+//!   the host, so its value is frozen at capture; with the past and present sharing one
+//!   buffer it only sets how the FlashDecoding kernel splits the work, each row stopping at its
+//!   own `seqlens_k` (onnxruntime `group_query_attention.cc`, `flash_api.cc`), and
+//!   onnxruntime-genai feeds the same constant under CUDA graphs.
+//!
+//! A step writes the new token embeddings into the bucket's tensor (the embedding session's
+//! output is bound to it) and copies `seqlens_k` in, replays the bucket's graph, and copies
+//! `next_token` (and only when a row samples, the logits) back. Rows of the bucket that are
+//! not in the step write a dummy position, as on the path without graphs.
+//!
+//! Every other run of the decoder session (prefills) passes `gpu_graph_id = -1`: with graphs
+//! enabled, a run without an id would be captured as graph 0 on its third call. Buckets are
+//! captured at load (ONNX Runtime runs a graph id twice, then captures the third run), before
+//! any sequence exists.
+
+use super::{bind_input_in_place, GqaCache, PART};
+use crate::runtime::backend::{BackendError, StepLogits};
+use half::f16;
+use ocrctl_exporters::contract::tensor;
+use ocrctl_exporters::graph::DType;
+use ort::memory::Allocator;
+use ort::session::{IoBinding, NoSelectedOutputs, RunOptions, Session};
+use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut};
+
+/// The decode graphs of one model.
+pub(in crate::runtime::ortmodel) struct DecodeGraphs {
+    buckets: Vec<Bucket>,
+    hidden: usize,
+}
+
+/// One batch size's graph and the buffers it was captured with.
+struct Bucket {
+    rows: usize,
+    binding: IoBinding,
+    opts: RunOptions<NoSelectedOutputs>,
+    embeds: DynTensor,
+    seqlens: Tensor<i32>,
+    logits: Tensor<f32>,
+    next: Option<Tensor<i64>>,
+    host_logits: Tensor<f32>,
+    host_next: Option<Tensor<i64>>,
+    /// The KV views bound as past inputs (bound by pointer: they must outlive the binding).
+    _past: Vec<Box<dyn std::any::Any>>,
+}
+
+/// Bucket sizes for `slots` sequences: powers of two below it, then `slots`.
+pub fn bucket_sizes(slots: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut b = 1;
+    while b < slots {
+        v.push(b);
+        b *= 2;
+    }
+    v.push(slots.max(1));
+    v
+}
+
+impl GqaCache {
+    /// Sets up and captures one decode graph per bucket (see the module documentation). The
+    /// decoder session must have been created with CUDA graphs enabled.
+    pub fn enable_graphs(
+        &mut self,
+        decoder: &mut Session,
+        embed: &mut Session,
+        hidden: usize,
+        vocab: usize,
+    ) -> Result<(), BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(PART, e);
+        // From now on every run without a bucket's graph says so, even if capturing fails
+        // below (the decode steps then run uncaptured, correctly).
+        let mut no_graph = RunOptions::new().map_err(rt)?;
+        no_graph.set("gpu_graph_id", "-1").map_err(rt)?;
+        self.no_graph = Some(no_graph);
+        let alloc = Allocator::new(decoder, self.kv_mem.clone()).map_err(rt)?;
+        let host = Allocator::default();
+        let act = match self.elem {
+            DType::F16 => TensorElementType::Float16,
+            _ => TensorElementType::Float32,
+        };
+        let mut buckets = Vec::new();
+        for (i, rows) in bucket_sizes(self.slots).into_iter().enumerate() {
+            let mut opts = RunOptions::new().map_err(rt)?;
+            opts.set("gpu_graph_id", (i + 1).to_string()).map_err(rt)?;
+            let r = rows as i64;
+            let mut b = Bucket {
+                rows,
+                binding: decoder.create_binding().map_err(rt)?,
+                opts,
+                embeds: DynTensor::new(&alloc, act, [r, 1, hidden as i64]).map_err(rt)?,
+                seqlens: Tensor::new(&alloc, [rows]).map_err(rt)?,
+                logits: Tensor::new(&alloc, [r, 1, vocab as i64]).map_err(rt)?,
+                next: None,
+                host_logits: Tensor::new(&host, [r, 1, vocab as i64]).map_err(rt)?,
+                host_next: None,
+                _past: Vec::new(),
+            };
+            if self.has_next_token {
+                b.next = Some(Tensor::new(&alloc, [r, 1]).map_err(rt)?);
+                b.host_next = Some(Tensor::new(&host, [r, 1]).map_err(rt)?);
+            }
+            match self.elem {
+                DType::F16 => self.bind_bucket::<f16>(&mut b, hidden)?,
+                _ => self.bind_bucket::<f32>(&mut b, hidden)?,
+            }
+            buckets.push(b);
+        }
+        self.graphs = Some(DecodeGraphs { buckets, hidden });
+        // Capture every bucket now: no sequence exists, so the dummy rows write nothing
+        // anyone reads.
+        for i in 0..self.graphs.as_ref().map_or(0, |g| g.buckets.len()) {
+            let rows = self.graphs.as_ref().expect("set above").buckets[i].rows;
+            let t = std::time::Instant::now();
+            if let Err(e) = self.graph_step(decoder, embed, &vec![0; rows], &vec![0; rows], &[]) {
+                self.graphs = None;
+                return Err(e);
+            }
+            tracing::debug!(
+                "CUDA graph for {rows} sequence(s) captured in {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(())
+    }
+
+    fn bind_bucket<T: PrimitiveTensorElementType + std::fmt::Debug + 'static>(
+        &mut self,
+        b: &mut Bucket,
+        hidden: usize,
+    ) -> Result<(), BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(PART, e);
+        let shape = [
+            b.rows as i64,
+            self.kv_heads as i64,
+            self.max_seq as i64,
+            self.head_dim as i64,
+        ];
+        for (j, buf) in self.buffers.iter_mut().enumerate() {
+            let ptr = buf.data_ptr_mut().cast::<std::ffi::c_void>();
+            // SAFETY: slots 0..rows lie inside the buffer (rows <= slots), which lives as long
+            // as the cache, and so as long as this binding.
+            let input =
+                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
+                    .map_err(rt)?;
+            let output =
+                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
+                    .map_err(rt)?;
+            bind_input_in_place(&mut b.binding, &self.past_names[j], &input)?;
+            b.binding
+                .bind_output(self.present_names[j].as_str(), output)
+                .map_err(rt)?;
+            b._past.push(Box::new(input));
+        }
+        let embeds = unsafe {
+            TensorRefMut::<T>::from_raw(
+                self.kv_mem.clone(),
+                b.embeds.data_ptr_mut().cast(),
+                vec![b.rows as i64, 1, hidden as i64].into(),
+            )
+        }
+        .map_err(rt)?;
+        let name = std::ffi::CString::new(tensor::INPUTS_EMBEDS).expect("no NUL");
+        bind_input_in_place(&mut b.binding, &name, &embeds)?;
+        b._past.push(Box::new(embeds));
+        let seqlens = unsafe {
+            TensorRefMut::<i32>::from_raw(
+                self.kv_mem.clone(),
+                b.seqlens.data_ptr_mut().cast(),
+                vec![b.rows as i64].into(),
+            )
+        }
+        .map_err(rt)?;
+        let name = std::ffi::CString::new(tensor::SEQLENS_K).expect("no NUL");
+        bind_input_in_place(&mut b.binding, &name, &seqlens)?;
+        b._past.push(Box::new(seqlens));
+        let total =
+            Tensor::from_array((Vec::<i64>::new(), vec![self.max_seq as i32])).map_err(rt)?;
+        b.binding
+            .bind_input(tensor::TOTAL_SEQUENCE_LENGTH, &total)
+            .map_err(rt)?;
+        let logits = unsafe {
+            TensorRefMut::<f32>::from_raw(
+                self.kv_mem.clone(),
+                b.logits.data_ptr_mut().cast(),
+                b.logits.shape().to_vec().into(),
+            )
+        }
+        .map_err(rt)?;
+        b.binding.bind_output(tensor::LOGITS, logits).map_err(rt)?;
+        if let Some(next) = b.next.as_mut() {
+            let view = unsafe {
+                TensorRefMut::<i64>::from_raw(
+                    self.kv_mem.clone(),
+                    next.data_ptr_mut().cast(),
+                    next.shape().to_vec().into(),
+                )
+            }
+            .map_err(rt)?;
+            b.binding
+                .bind_output(tensor::NEXT_TOKEN, view)
+                .map_err(rt)?;
+        }
+        Ok(())
+    }
+
+    /// Whether decode steps replay CUDA graphs.
+    pub fn graphs_enabled(&self) -> bool {
+        self.graphs.is_some()
+    }
+
+    /// A decode step (one new token per row) through the smallest bucket holding `lens.len()`
+    /// rows: `ids[r]` follows row `r`'s `lens[r]` positions. Rows the bucket adds beyond
+    /// `lens` write a dummy position. Returns what [`GqaCache::run`] returns.
+    pub fn graph_step(
+        &mut self,
+        decoder: &mut Session,
+        embed: &mut Session,
+        ids: &[u32],
+        lens: &[usize],
+        want: &[(usize, bool)],
+    ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
+        match self.elem {
+            DType::F16 => self.graph_step_typed::<f16>(decoder, embed, ids, lens, want),
+            _ => self.graph_step_typed::<f32>(decoder, embed, ids, lens, want),
+        }
+    }
+
+    fn graph_step_typed<T: PrimitiveTensorElementType + std::fmt::Debug + 'static>(
+        &mut self,
+        decoder: &mut Session,
+        embed: &mut Session,
+        ids: &[u32],
+        lens: &[usize],
+        want: &[(usize, bool)],
+    ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(PART, e);
+        for l in lens {
+            self.check_fits(l + 1)?;
+        }
+        let max_seq = self.max_seq;
+        let extra: Vec<usize> = (lens.len()..self.slots)
+            .map(|i| {
+                if self.is_taken(i) {
+                    self.lens[i].min(max_seq.saturating_sub(1))
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let kv_mem = self.kv_mem.clone();
+        let g = self.graphs.as_mut().expect("graphs are enabled");
+        let hidden = g.hidden;
+        let b = g
+            .buckets
+            .iter_mut()
+            .find(|b| b.rows >= lens.len())
+            .ok_or_else(|| BackendError::runtime(PART, "more rows than KV cache slots"))?;
+        let rows = b.rows;
+        let mut all_lens = lens.to_vec();
+        all_lens.extend_from_slice(&extra[..rows - lens.len()]);
+        let mut all_ids: Vec<i64> = ids.iter().map(|t| *t as i64).collect();
+        all_ids.resize(rows, 0);
+
+        // The new tokens' embeddings, written by the embedding session into the bucket's
+        // tensor; then seqlens_k (each row's length after the step, minus one).
+        let ids_t = Tensor::from_array(([rows, 1], all_ids)).map_err(rt)?;
+        let mut eb = embed.create_binding().map_err(rt)?;
+        eb.bind_input(tensor::INPUT_IDS, &ids_t).map_err(rt)?;
+        let view = unsafe {
+            TensorRefMut::<T>::from_raw(
+                kv_mem.clone(),
+                b.embeds.data_ptr_mut().cast(),
+                vec![rows as i64, 1, hidden as i64].into(),
+            )
+        }
+        .map_err(rt)?;
+        eb.bind_output(tensor::INPUTS_EMBEDS, view).map_err(rt)?;
+        drop(embed.run_binding(&eb).map_err(rt)?);
+        drop(eb);
+        let seqlens: Vec<i32> = all_lens.iter().map(|l| *l as i32).collect();
+        let host_seqlens = Tensor::from_array(([rows], seqlens)).map_err(rt)?;
+        host_seqlens.copy_into(&mut b.seqlens).map_err(rt)?;
+
+        let t = std::time::Instant::now();
+        drop(
+            decoder
+                .run_binding_with_options(&b.binding, &b.opts)
+                .map_err(rt)?,
+        );
+        let run_ns = t.elapsed().as_nanos() as u64;
+
+        let t = std::time::Instant::now();
+        let full = b.next.is_none() || want.iter().any(|(_, f)| *f);
+        if full {
+            b.logits.copy_into(&mut b.host_logits).map_err(rt)?;
+        }
+        let next: Vec<i64> = match (&b.next, &mut b.host_next) {
+            (Some(dev), Some(host)) => {
+                dev.copy_into(&mut *host).map_err(rt)?;
+                host.extract_tensor().1.to_vec()
+            }
+            _ => Vec::new(),
+        };
+        let (shape, data) = b.host_logits.extract_tensor();
+        let vocab = shape[2] as usize;
+        let out = want
+            .iter()
+            .map(|&(r, need)| {
+                if full && (need || next.is_empty()) {
+                    StepLogits::Full(data[r * vocab..(r + 1) * vocab].to_vec())
+                } else {
+                    StepLogits::Argmax(next[r] as u32)
+                }
+            })
+            .collect();
+        Ok((out, run_ns, t.elapsed().as_nanos() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_double_up_to_the_slot_count() {
+        assert_eq!(bucket_sizes(1), [1]);
+        assert_eq!(bucket_sizes(6), [1, 2, 4, 6]);
+        assert_eq!(bucket_sizes(8), [1, 2, 4, 8]);
+        assert_eq!(bucket_sizes(32), [1, 2, 4, 8, 16, 32]);
+    }
+}
