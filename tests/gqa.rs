@@ -40,11 +40,7 @@ fn load(precision: Precision, slots: usize, max_seq: usize) -> OrtModel {
 fn check_generation(precision: Precision, tol: f32) {
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
-    let mut engine = Engine {
-        backend: load(precision, 1, 0),
-        max_batch: 1,
-        image_token_id: image_token,
-    };
+    let mut engine = Engine::new(load(precision, 1, 0), 1, image_token);
     let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
     let mut worst = 0f32;
@@ -81,11 +77,7 @@ fn batched_gqa_with_joins_and_leaves_equals_the_reference() {
     let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
     for precision in [Precision::Fp32, Precision::Fp16] {
-        let mut engine = Engine {
-            backend: load(precision, 3, 0),
-            max_batch: 3,
-            image_token_id: image_token,
-        };
+        let mut engine = Engine::new(load(precision, 3, 0), 3, image_token);
         let images = g.images();
         let lens = [40, 17, 40, 9, 28, 33];
         let mut wants = Vec::new();
@@ -184,11 +176,7 @@ fn a_full_cache_makes_requests_wait() {
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
     let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
-    let mut engine = Engine {
-        backend: load(Precision::Fp32, 2, 0),
-        max_batch: 4,
-        image_token_id: image_token,
-    };
+    let mut engine = Engine::new(load(Precision::Fp32, 2, 0), 4, image_token);
     let mut wants = Vec::new();
     let reqs: Vec<GenRequest> = g
         .images()
@@ -214,11 +202,7 @@ fn a_full_cache_makes_requests_wait() {
 #[test]
 fn slots_never_leak_under_random_joins_leaves_and_cancels() {
     use ocrctl::generation::engine::{Batch, Event, Flow};
-    let mut engine = Engine {
-        backend: load(Precision::Fp32, 3, 256),
-        max_batch: 3,
-        image_token_id: u32::MAX,
-    };
+    let mut engine = Engine::new(load(Precision::Fp32, 3, 256), 3, u32::MAX);
     let mut batch = Batch::new();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut rand = move |n: u64| {
@@ -268,11 +252,7 @@ fn slots_never_leak_under_random_joins_leaves_and_cancels() {
 /// beside it is not disturbed.
 #[test]
 fn a_request_too_long_for_the_cache_fails_alone() {
-    let mut engine = Engine {
-        backend: load(Precision::Fp32, 2, 64),
-        max_batch: 2,
-        image_token_id: u32::MAX,
-    };
+    let mut engine = Engine::new(load(Precision::Fp32, 2, 64), 2, u32::MAX);
     let mut ok = GenRequest::text((3..23).collect(), 30);
     ok.ignore_eos = true;
     let mut long = GenRequest::text((3..23).collect(), 60);

@@ -21,11 +21,7 @@ fn run_all(dir: &Path, precision: Precision, accuracy_level: u8, steps: usize) -
     lo.accuracy_level = accuracy_level;
     let m = OrtModel::load(dir, &lo).unwrap();
     let cfg = m.manifest.model.clone();
-    let mut engine = Engine {
-        backend: m,
-        max_batch: 1,
-        image_token_id: cfg.image_token_id,
-    };
+    let mut engine = Engine::new(m, 1, cfg.image_token_id);
     let prompter = Prompter::from_model_dir(dir, cfg.image_token_id).unwrap();
     let pre = PreprocessConfig::from_model_dir(dir, 14, 2).unwrap();
     fixture_images()

@@ -139,11 +139,7 @@ fn fp16_image_features_match_the_reference() {
 fn check_generation(precision: Precision, tol: f32) {
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
-    let mut engine = Engine {
-        backend: load(precision),
-        max_batch: 1,
-        image_token_id: image_token,
-    };
+    let mut engine = Engine::new(load(precision), 1, image_token);
     let prompter = Prompter::from_model_dir(exported(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(exported(), 14, 2).unwrap();
     let mut worst = 0f32;

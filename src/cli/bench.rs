@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// Batch sizes for the throughput sweep (continuous batching, pages of the first size).
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     batch_sizes: Vec<usize>,
+    /// Pages per sweep point, as a multiple of its batch size. Above 1 the sweep measures
+    /// steady-state continuous batching: pages join as others finish.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pages_per_slot: u32,
     /// Where the decoder keeps its KV cache between steps.
     #[arg(long, value_enum, default_value = "bound")]
     kv_path: KvPathArg,
@@ -146,11 +150,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         opts.providers.device_id.max(0) as usize,
     );
     gpu.poll();
-    let mut engine = Engine {
-        backend: model,
-        max_batch: 1,
-        image_token_id: cfg.image_token_id,
-    };
+    let mut engine = Engine::new(model, 1, cfg.image_token_id);
     let model = &mut engine.backend;
     let mut rows = Vec::new();
     for s in &a.sizes {
@@ -203,6 +203,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         let page = pipeline.prepare(&synthetic_page(w, h))?;
         for &b in &a.batch_sizes {
             engine.max_batch = b.max(1);
+            let n = b.max(1) * a.pages_per_slot as usize;
             let req = GenRequest {
                 params: SamplingParams::greedy(),
                 stop_ids: vec![],
@@ -214,7 +215,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             let mut decode_start: Option<Instant> = None;
             let mut decode_tokens = 0usize;
             let mut seen_first = 0usize;
-            let results = engine.run(std::iter::repeat_n(req, b.max(1)), &mut |ev| {
+            let results = engine.run(std::iter::repeat_n(req, n), &mut |ev| {
                 if let Event::Token { .. } = ev {
                     seen_first += 1;
                     if seen_first == b.max(1) {
@@ -240,10 +241,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 "step_decoder_run_s": secs(after.step_run_ns, before.step_run_ns),
                 "step_logits_s": secs(after.step_logits_ns, before.step_logits_ns),
                 "batch": b,
+                "pages": n,
                 "size": format!("{}x{}", page.width, page.height),
                 "seconds": total,
-                "pages_per_s": b as f64 / total,
-                "tokens_per_s": (b * a.new_tokens) as f64 / total,
+                "pages_per_s": n as f64 / total,
+                "tokens_per_s": (n * a.new_tokens) as f64 / total,
                 "decode_tokens_per_s": decode_tokens as f64 / dec_s,
                 "gpu_process_mib": g.process_mib,
             }));
@@ -258,6 +260,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "peak_rss_mib": peak_rss_mib(),
         "provider": engine.backend.decoder_provider().name(),
         "decoder": engine.backend.decoder_variant().part(),
+        "vision_stage": engine.vision.is_some(),
         "kv_cache": engine.backend.kv_capacity().map(|(s, p)| json!({"sequences": s, "positions": p})),
         "gpu_memory": gpu.total.json(),
         "kv": kv_json(&engine.backend),
@@ -301,11 +304,16 @@ fn mib(v: &serde_json::Value) -> String {
 fn print_table(out: &serde_json::Value) {
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
-        "model {} ({}, {}, {}), load {:.1}s, peak RSS {:.0} MiB",
+        "model {} ({}, {}, {}{}), load {:.1}s, peak RSS {:.0} MiB",
         out["model"].as_str().unwrap_or(""),
         out["precision"].as_str().unwrap_or(""),
         out["provider"].as_str().unwrap_or(""),
         out["decoder"].as_str().unwrap_or(""),
+        if out["vision_stage"] == true {
+            ", vision stage"
+        } else {
+            ""
+        },
         f(&out["load_s"]),
         f(&out["peak_rss_mib"]),
     );
@@ -347,13 +355,14 @@ fn print_table(out: &serde_json::Value) {
         );
     }
     println!(
-        "{:>6} {:>10} {:>9} {:>9} {:>10} {:>16} {:>8}",
-        "batch", "size", "seconds", "pages/s", "tokens/s", "decode tokens/s", "GPU MiB"
+        "{:>6} {:>6} {:>10} {:>9} {:>9} {:>10} {:>16} {:>8}",
+        "batch", "pages", "size", "seconds", "pages/s", "tokens/s", "decode tokens/s", "GPU MiB"
     );
     for r in out["batch_sweep"].as_array().into_iter().flatten() {
         println!(
-            "{:>6} {:>10} {:>9.2} {:>9.3} {:>10.2} {:>16.2} {:>8}",
+            "{:>6} {:>6} {:>10} {:>9.2} {:>9.3} {:>10.2} {:>16.2} {:>8}",
             r["batch"].to_string(),
+            r["pages"].to_string(),
             r["size"].as_str().unwrap_or(""),
             f(&r["seconds"]),
             f(&r["pages_per_s"]),

@@ -53,6 +53,10 @@ pub struct RuntimeArgs {
     /// `cuda.cuda_graphs`, else off).
     #[arg(long, env = "OCRCTL_CUDA_GRAPHS", value_parser = clap::builder::BoolishValueParser::new())]
     pub cuda_graphs: Option<bool>,
+    /// Encode pages' images on a thread of their own while the batch decodes (`on`/`off`;
+    /// GPU providers only).
+    #[arg(long, env = "OCRCTL_VISION_STAGE", default_value = "on", value_parser = clap::builder::BoolishValueParser::new())]
+    pub vision_stage: bool,
 }
 
 /// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
@@ -205,6 +209,7 @@ impl RuntimeArgs {
             pc.cuda.cuda_graphs = g;
         }
         lo.providers = pc;
+        lo.vision_stage = self.vision_stage;
         Ok((lo, profile))
     }
 }

@@ -452,11 +452,7 @@ impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
         // Indices of this engine's requests (its own count) → their pages.
         let meta: RefCell<Vec<Meta>> = RefCell::new(Vec::new());
         let requests = std::iter::from_fn(|| self.next_request(&mut meta.borrow_mut()));
-        let mut engine = Engine {
-            backend: model,
-            max_batch: batch_size,
-            image_token_id: self.pipeline.image_token_id,
-        };
+        let mut engine = Engine::new(model, batch_size, self.pipeline.image_token_id);
         let json = a.json && a.out.is_none();
         let out = || self.out.lock().unwrap_or_else(|e| e.into_inner());
         engine.run(requests, &mut |ev| match ev {

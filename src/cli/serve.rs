@@ -122,11 +122,7 @@ fn spawn_engine(
                         "model loaded{who} in {:.1} s (batch {batch})",
                         t.elapsed().as_secs_f64()
                     );
-                    let engine = Engine {
-                        backend: model,
-                        max_batch: batch,
-                        image_token_id,
-                    };
+                    let engine = Engine::new(model, batch, image_token_id);
                     let s2 = shared.clone();
                     worker::supervise(
                         &shared,

@@ -11,6 +11,11 @@
 //! penalties and temperature), as vLLM reports them. A request that fails during its
 //! prefill fails alone.
 //!
+//! Where the backend offers an image encoder ([`Backend::image_encoder`], a GPU), the engine
+//! runs a [`VisionStage`]: `admit` hands a request's images to it and the request waits in
+//! the batch, holding its place and its cache sequence, while `step` goes on decoding the
+//! others; `step` prefills it once its features are back.
+//!
 //! ```
 //! use ocrctl::generation::engine::{Batch, Engine, Event, Flow};
 //! # use ocrctl::runtime::backend::{Backend, BackendError};
@@ -23,7 +28,7 @@
 //! #     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> { Ok(Array2::zeros((ids.len(), 1))) }
 //! #     fn forward(&mut self, _: Array2<f32>, _: Option<()>) -> Result<(Vec<f32>, ()), BackendError> { Ok((vec![0.0, 1.0], ())) }
 //! # }
-//! let mut engine = Engine { backend: Echo, max_batch: 4, image_token_id: 9 };
+//! let mut engine = Engine::new(Echo, 4, 9);
 //! let mut batch = Batch::new();
 //! let req = ocrctl::generation::engine::GenRequest::text(vec![0], 3);
 //! engine.admit(&mut batch, 7, req, &mut |_| Flow::Continue);
@@ -41,8 +46,10 @@ use crate::generation::generate::{
     argmax_and_top_k, log_sum_exp, prefill, FinishReason, Generation, TokenLogprob,
 };
 use crate::generation::sampling::{Sampler, SamplingParams};
+use crate::generation::vision::VisionStage;
 use crate::runtime::backend::{Backend, BackendError, StepLogits};
 use ndarray::Array4;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// One generation request.
@@ -160,14 +167,27 @@ struct Active<C> {
     out: Generation,
 }
 
-/// The requests being decoded together, with their caches.
+/// A request admitted while its images are encoded on the vision stage.
+struct Waiting {
+    index: usize,
+    req: GenRequest,
+    sampler: Sampler,
+    ticket: u64,
+}
+
+/// The requests being decoded together, with their caches, and those admitted whose images
+/// the vision stage is still encoding (they hold their place in the batch).
 pub struct Batch<C> {
     active: Vec<Active<C>>,
+    waiting: VecDeque<Waiting>,
 }
 
 impl<C> Default for Batch<C> {
     fn default() -> Self {
-        Batch { active: Vec::new() }
+        Batch {
+            active: Vec::new(),
+            waiting: VecDeque::new(),
+        }
     }
 }
 
@@ -177,23 +197,33 @@ impl<C> Batch<C> {
         Batch::default()
     }
 
-    /// Requests in the batch.
+    /// Requests in the batch (decoding, or waiting for their image features).
     pub fn len(&self) -> usize {
-        self.active.len()
+        self.active.len() + self.waiting.len()
     }
 
     /// Whether no request is in the batch.
     pub fn is_empty(&self) -> bool {
-        self.active.is_empty()
+        self.active.is_empty() && self.waiting.is_empty()
     }
 
-    /// The caller ids of the requests in the batch.
+    /// Requests admitted whose image features are still being computed.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The caller ids of the requests in the batch (decoding first, then waiting).
     pub fn indices(&self) -> Vec<usize> {
-        self.active.iter().map(|a| a.index).collect()
+        let waiting = self.waiting.iter().map(|w| w.index);
+        self.active.iter().map(|a| a.index).chain(waiting).collect()
     }
 
     /// Removes request `index`, returning what it generated so far.
     pub fn remove(&mut self, index: usize) -> Option<Generation> {
+        if let Some(pos) = self.waiting.iter().position(|w| w.index == index) {
+            self.waiting.remove(pos);
+            return Some(empty_generation());
+        }
         let pos = self.active.iter().position(|a| a.index == index)?;
         Some(self.active.remove(pos).out)
     }
@@ -238,9 +268,24 @@ pub struct Engine<B: Backend> {
     pub backend: B,
     pub max_batch: usize,
     pub image_token_id: u32,
+    /// Encodes admitted requests' images on another thread while the batch decodes
+    /// ([`crate::generation::vision`]); `None` encodes them during admission.
+    pub vision: Option<VisionStage>,
 }
 
 impl<B: Backend> Engine<B> {
+    /// An engine over `backend`, with a vision stage when the backend offers an image
+    /// encoder for one ([`Backend::image_encoder`]).
+    pub fn new(backend: B, max_batch: usize, image_token_id: u32) -> Engine<B> {
+        let vision = backend.image_encoder().map(VisionStage::start);
+        Engine {
+            backend,
+            max_batch,
+            image_token_id,
+            vision,
+        }
+    }
+
     fn prefill(&mut self, req: &GenRequest) -> Result<(Vec<f32>, B::Cache), BackendError> {
         let feats = req
             .images
@@ -255,21 +300,84 @@ impl<B: Backend> Engine<B> {
         )
     }
 
-    /// Whether `batch` has room for another request: fewer than `max_batch` decoding, and a
-    /// free sequence in the backend's cache when it has a fixed one (a full cache makes new
-    /// requests wait for a running one to finish instead of failing).
+    /// Whether `batch` has room for another request: fewer than `max_batch` decoding or
+    /// waiting for image features, and a free sequence in the backend's cache for each
+    /// waiting one and this one when it has a fixed cache (a full cache makes new requests
+    /// wait for a running one to finish instead of failing).
     pub fn has_room(&self, batch: &Batch<B::Cache>) -> bool {
-        batch.len() < self.max_batch.max(1) && self.backend.free_sequences() != Some(0)
+        batch.len() < self.max_batch.max(1)
+            && self
+                .backend
+                .free_sequences()
+                .is_none_or(|free| free > batch.waiting.len())
     }
 
-    /// Adds request `index` to `batch` after running its prefill. A request that cannot
+    /// Prefills the waiting requests whose image features are back and moves them into the
+    /// decoding batch. Waits for the next one when nothing else could run (`wait` and no
+    /// request decoding). A failed encoding or prefill fails that request alone.
+    fn start_encoded(
+        &mut self,
+        batch: &mut Batch<B::Cache>,
+        on_event: &mut dyn FnMut(Event) -> Flow,
+    ) {
+        let Some(stage) = self.vision.as_mut() else {
+            return;
+        };
+        while !batch.waiting.is_empty() {
+            let Some(done) = stage.next(batch.active.is_empty()) else {
+                if batch.active.is_empty() {
+                    // The stage stopped: nothing will come back for the waiting requests.
+                    for w in batch.waiting.drain(..) {
+                        on_event(Event::Done {
+                            index: w.index,
+                            result: &Err(EngineError::Internal("the vision stage stopped".into())),
+                        });
+                    }
+                }
+                return;
+            };
+            // Results of requests removed meanwhile have no waiting entry.
+            let Some(pos) = batch.waiting.iter().position(|w| w.ticket == done.ticket) else {
+                continue;
+            };
+            let w = batch.waiting.remove(pos).expect("found above");
+            let started = done.features.and_then(|f| {
+                prefill(
+                    &mut self.backend,
+                    &w.req.prompt_ids,
+                    self.image_token_id,
+                    &f,
+                )
+            });
+            match started {
+                Ok((logits, cache)) => batch.active.push(Active {
+                    index: w.index,
+                    req: w.req,
+                    sampler: w.sampler,
+                    logits,
+                    device_choice: None,
+                    cache,
+                    out: empty_generation(),
+                }),
+                Err(e) => {
+                    on_event(Event::Done {
+                        index: w.index,
+                        result: &Err(EngineError::Runtime(e.to_string())),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Adds request `index` to `batch` after running its prefill (or, with a vision stage
+    /// and images, after queueing them: `step` prefills it later). A request that cannot
     /// start (invalid sampling parameters, a failing prefill) or needs no token
     /// (`max_new_tokens == 0`) is reported through `on_event` as `Done` right away.
     pub fn admit(
         &mut self,
         batch: &mut Batch<B::Cache>,
         index: usize,
-        req: GenRequest,
+        mut req: GenRequest,
         on_event: &mut dyn FnMut(Event) -> Flow,
     ) {
         let sampler = match Sampler::new(req.params.clone()) {
@@ -307,6 +415,16 @@ impl<B: Backend> Engine<B> {
                 return;
             }
         }
+        if let Some(stage) = self.vision.as_mut().filter(|_| !req.images.is_empty()) {
+            let ticket = stage.submit(std::mem::take(&mut req.images));
+            batch.waiting.push_back(Waiting {
+                index,
+                req,
+                sampler,
+                ticket,
+            });
+            return;
+        }
         match self.prefill(&req) {
             Ok((logits, cache)) => batch.active.push(Active {
                 index,
@@ -326,9 +444,12 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// One step: a token for every request in `batch`, finished requests retired (`Done`),
-    /// then one decoder step for the rest. A decoder failure fails every request of the step.
+    /// One step: first the prefill of waiting requests whose image features are back (it
+    /// waits for the vision stage only when nothing else is decoding), then a token for every
+    /// request in `batch`, finished requests retired (`Done`), then one decoder step for the
+    /// rest. A decoder failure fails every request of the step.
     pub fn step(&mut self, batch: &mut Batch<B::Cache>, on_event: &mut dyn FnMut(Event) -> Flow) {
+        self.start_encoded(batch, on_event);
         let mut keep = Vec::with_capacity(batch.active.len());
         for mut a in batch.active.drain(..) {
             // Log-probabilities are of the raw distribution: read them before the sampler
@@ -510,11 +631,7 @@ mod tests {
             .map(|i| req(vec![1, 99, 2 + i], 3 + i as usize * 2, 5 + i as usize))
             .collect();
         let run = |max_batch| {
-            let mut e = Engine {
-                backend: FakeBackend::sum(97),
-                max_batch,
-                image_token_id: 99,
-            };
+            let mut e = Engine::new(FakeBackend::sum(97), max_batch, 99);
             let mut tokens = 0;
             let r = e.run(reqs.clone(), &mut |ev| {
                 if let Event::Token { .. } = ev {
@@ -547,11 +664,7 @@ mod tests {
     fn invalid_sampling_fails_only_that_request() {
         let mut bad = req(vec![1, 99, 2], 3, 5);
         bad.params.top_p = 2.0;
-        let mut e = Engine {
-            backend: FakeBackend::sum(97),
-            max_batch: 2,
-            image_token_id: 99,
-        };
+        let mut e = Engine::new(FakeBackend::sum(97), 2, 99);
         let r = e.run(vec![bad, req(vec![1, 99, 3], 3, 5)], &mut |_| {});
         let err = r[0].as_ref().unwrap_err();
         assert!(
@@ -564,13 +677,13 @@ mod tests {
 
     #[test]
     fn a_panic_while_sampling_fails_only_that_request() {
-        let mut e = Engine {
+        let mut e = Engine::new(
             // A prompt holding id 66 gets empty logits: the sampler's precondition fails (a
             // panic) for that request alone.
-            backend: FakeBackend::sum(97).empty_logits_for(66),
-            max_batch: 3,
-            image_token_id: 99,
-        };
+            FakeBackend::sum(97).empty_logits_for(66),
+            3,
+            99,
+        );
         let reqs = vec![
             req(vec![1, 99, 2], 4, 5),
             req(vec![66, 99, 2], 4, 5),
@@ -603,11 +716,7 @@ mod flow_tests {
     /// Next token = (last input + 1) mod 50; an image contributes its width as a feature, so
     /// merged image rows are visible in the output.
     fn engine() -> Engine<FakeBackend> {
-        Engine {
-            backend: FakeBackend::successor(50).peak(3.0),
-            max_batch: 4,
-            image_token_id: 9,
-        }
+        Engine::new(FakeBackend::successor(50).peak(3.0), 4, 9)
     }
 
     #[test]

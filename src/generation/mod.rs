@@ -1,10 +1,12 @@
 //! Turning prompts into tokens: [`engine`] (continuous batching over a
 //! [`crate::runtime::backend::Backend`]: admission, prefill, decode steps, events),
-//! [`sampling`] (greedy, temperature, top-p/top-k, repetition penalty, the loop guard) and
-//! [`generate`] (the multimodal prefill, stop ids, finish reasons, top-K log-probabilities)
-//! and [`pipeline`] (one page → one request: prompt, pixels, stop ids, the model's defaults).
+//! [`sampling`] (greedy, temperature, top-p/top-k, repetition penalty, the loop guard),
+//! [`generate`] (the multimodal prefill, stop ids, finish reasons, top-K log-probabilities),
+//! [`pipeline`] (one page → one request: prompt, pixels, stop ids, the model's defaults) and
+//! [`vision`] (images encoded on a thread of their own while the batch decodes).
 
 pub mod engine;
 pub mod generate;
 pub mod pipeline;
 pub mod sampling;
+pub mod vision;

@@ -36,6 +36,15 @@ pub enum StepLogits {
     Argmax(u32),
 }
 
+/// Encodes images away from the engine's thread: a handle onto a backend's vision encoder
+/// that a [`crate::generation::vision::VisionStage`] runs on its own thread, so that the next
+/// pages' images are encoded on the GPU while the decoder steps the running ones.
+pub trait ImageEncoder: Send {
+    /// `pixel_values [1, 3, H, W]` → image features `[N, hidden]`, as
+    /// [`Backend::encode_image`].
+    fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError>;
+}
+
 /// Each sequence's logits and extended cache after a decode step, in order.
 pub type BatchLogits<C> = (Vec<Vec<f32>>, Vec<C>);
 
@@ -78,6 +87,13 @@ pub trait Backend {
             out.push(c);
         }
         Ok((logits, out))
+    }
+
+    /// A handle that encodes images on another thread while this backend decodes, when
+    /// running both at once pays (a GPU: the encoder is compute-bound, large-batch decode
+    /// steps are memory-bound); `None` (the default) keeps encoding on the engine's thread.
+    fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
+        None
     }
 
     /// Positions one sequence may hold when the backend's cache has a fixed size per

@@ -4,11 +4,13 @@
 //! Its hidden size is 1: a token embeds as its id (one number) and an image's feature is
 //! its width, so merged image rows are visible in the output. The next token is a rule over
 //! every input so far (see [`FakeBackend::new`]); its logit is [`FakeBackend::peak`], all
-//! others 0. The other knobs add a delay, a panic or empty logits, and the public counters
+//! others 0. The other knobs add a delay, a panic or empty logits, a fixed number of cache
+//! slots, an image encoder for a vision stage and an image it refuses; the public counters
 //! say how it was called.
 
-use crate::runtime::backend::{Backend, BackendError, BatchLogits};
+use crate::runtime::backend::{Backend, BackendError, BatchLogits, ImageEncoder};
 use ndarray::{Array2, Array4};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Picks the next token from every input value so far, in order (see [`FakeBackend::new`]).
@@ -23,6 +25,11 @@ pub struct FakeBackend {
     delay: Duration,
     panic_at_decode: Option<usize>,
     empty_logits_for: Option<f32>,
+    slots: Option<usize>,
+    /// One clone per live cache: the strong count says how many slots are taken.
+    held: Arc<()>,
+    offers_encoder: bool,
+    refused_width: Option<usize>,
     decodes: usize,
     /// Decoder runs so far: prefills and decode steps (one per sequence).
     pub forwards: usize,
@@ -42,6 +49,10 @@ impl FakeBackend {
             delay: Duration::ZERO,
             panic_at_decode: None,
             empty_logits_for: None,
+            slots: None,
+            held: Arc::new(()),
+            offers_encoder: false,
+            refused_width: None,
             decodes: 0,
             forwards: 0,
             max_batch_seen: 0,
@@ -89,17 +100,82 @@ impl FakeBackend {
         self.empty_logits_for = Some(id as f32);
         self
     }
+
+    /// A cache of `n` sequences allocated once: a prefill takes a slot, dropping the cache
+    /// frees it, and [`Backend::free_sequences`] reports what is left.
+    pub fn slots(mut self, n: usize) -> FakeBackend {
+        self.slots = Some(n);
+        self
+    }
+
+    /// Offers an image encoder for a vision stage ([`Backend::image_encoder`]); it sleeps
+    /// `delay` per image, so decode steps run while it works.
+    pub fn with_image_encoder(mut self) -> FakeBackend {
+        self.offers_encoder = true;
+        self
+    }
+
+    /// Images `width` pixels wide fail to encode (on either path).
+    pub fn refuse_image_width(mut self, width: usize) -> FakeBackend {
+        self.refused_width = Some(width);
+        self
+    }
+
+    /// Sequences holding a cache slot now.
+    pub fn taken_slots(&self) -> usize {
+        Arc::strong_count(&self.held) - 1
+    }
+}
+
+/// A sequence's cache: every input row so far, and its slot while it lives.
+pub struct FakeCache {
+    history: Vec<f32>,
+    _slot: Arc<()>,
+}
+
+/// The fake's image encoder: an image's feature is its width.
+struct WidthEncoder {
+    delay: Duration,
+    refused_width: Option<usize>,
+}
+
+impl ImageEncoder for WidthEncoder {
+    fn encode(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+        std::thread::sleep(self.delay);
+        encode_width(p, self.refused_width)
+    }
+}
+
+fn encode_width(p: &Array4<f32>, refused: Option<usize>) -> Result<Array2<f32>, BackendError> {
+    let w = p.shape()[3];
+    if refused == Some(w) {
+        return Err(BackendError::Invalid(format!("an image {w} pixels wide")));
+    }
+    Ok(Array2::from_elem((1, 1), w as f32))
 }
 
 impl Backend for FakeBackend {
-    type Cache = Vec<f32>;
+    type Cache = FakeCache;
 
     fn hidden_size(&self) -> usize {
         1
     }
 
     fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-        Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
+        encode_width(p, self.refused_width)
+    }
+
+    fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
+        self.offers_encoder.then(|| {
+            Box::new(WidthEncoder {
+                delay: self.delay,
+                refused_width: self.refused_width,
+            }) as Box<dyn ImageEncoder>
+        })
+    }
+
+    fn free_sequences(&self) -> Option<usize> {
+        self.slots.map(|n| n.saturating_sub(self.taken_slots()))
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
@@ -111,8 +187,8 @@ impl Backend for FakeBackend {
     fn forward(
         &mut self,
         e: Array2<f32>,
-        cache: Option<Vec<f32>>,
-    ) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        cache: Option<FakeCache>,
+    ) -> Result<(Vec<f32>, FakeCache), BackendError> {
         self.forwards += 1;
         std::thread::sleep(self.delay);
         let prefill = cache.is_none();
@@ -122,25 +198,37 @@ impl Backend for FakeBackend {
                 panic!("a bug in a runtime");
             }
         }
-        let mut history = cache.unwrap_or_default();
-        history.extend(e.iter());
+        let mut cache = match cache {
+            Some(c) => c,
+            None => {
+                if self.free_sequences() == Some(0) {
+                    return Err(BackendError::Invalid("no free cache slot".into()));
+                }
+                FakeCache {
+                    history: Vec::new(),
+                    _slot: self.held.clone(),
+                }
+            }
+        };
+        cache.history.extend(e.iter());
+        let history = &cache.history;
         if prefill
             && self
                 .empty_logits_for
                 .is_some_and(|v| e.iter().any(|x| *x == v))
         {
-            return Ok((Vec::new(), history));
+            return Ok((Vec::new(), cache));
         }
         let mut logits = vec![0.0; self.vocab];
-        logits[(self.rule)(&history) as usize] = self.peak;
-        Ok((logits, history))
+        logits[(self.rule)(history) as usize] = self.peak;
+        Ok((logits, cache))
     }
 
     fn decode_batch(
         &mut self,
         tokens: &[u32],
-        caches: Vec<Vec<f32>>,
-    ) -> Result<BatchLogits<Vec<f32>>, BackendError> {
+        caches: Vec<FakeCache>,
+    ) -> Result<BatchLogits<FakeCache>, BackendError> {
         self.max_batch_seen = self.max_batch_seen.max(tokens.len());
         let mut logits = Vec::with_capacity(tokens.len());
         let mut out = Vec::with_capacity(tokens.len());

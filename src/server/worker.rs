@@ -378,11 +378,7 @@ mod tests {
         let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
         let s = shared.clone();
         std::thread::spawn(move || {
-            let engine = Engine {
-                backend,
-                max_batch: batch,
-                image_token_id: 326,
-            };
+            let engine = Engine::new(backend, batch, 326);
             run_worker(engine, prompter, s, me);
         })
     }
@@ -623,11 +619,7 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/tiny-lightonocr/checkpoint");
         let prompter = Arc::new(Prompter::from_model_dir(&dir, 326).unwrap());
-        let engine = Engine {
-            backend: panics(),
-            max_batch: 1,
-            image_token_id: 326,
-        };
+        let engine = Engine::new(panics(), 1, 326);
         let mut died = None;
         let s2 = shared.clone();
         supervise(

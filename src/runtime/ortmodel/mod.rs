@@ -21,7 +21,7 @@ mod tensors;
 pub use binding::{KvPath, KvStats};
 pub use kv::OrtCache;
 
-use crate::runtime::backend::{Backend, BackendError, StepLogits};
+use crate::runtime::backend::{Backend, BackendError, ImageEncoder, StepLogits};
 use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
 use kv::{BatchKv, KvDims};
@@ -34,6 +34,7 @@ use ort::value::DynTensor;
 use repack::Repacker;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tensors::{as_tensor, float_tensor, i64_tensor, read_f};
 
 /// Options for loading a model.
@@ -58,6 +59,9 @@ pub struct LoadOptions {
     /// Positions per sequence in the GQA decoder's KV cache; 0 = the model's
     /// `max_position_embeddings`, at most 8192.
     pub max_sequence_length: usize,
+    /// Offer the vision encoder to a vision stage (on a GPU): pages' images are encoded on
+    /// a thread of their own while the decoder steps (see [`crate::generation::vision`]).
+    pub vision_stage: bool,
 }
 
 impl LoadOptions {
@@ -73,6 +77,7 @@ impl LoadOptions {
             decoder: None,
             kv_slots: 1,
             max_sequence_length: 0,
+            vision_stage: true,
         }
     }
 }
@@ -99,7 +104,8 @@ pub struct OrtModel {
     pub manifest: Manifest,
     pub dir: PathBuf,
     act: DType,
-    vision: Session,
+    /// The vision encoder, shared with the [`VisionHandle`]s given to a vision stage.
+    vision: Arc<Mutex<Session>>,
     embed: Session,
     decoder: Session,
     /// Whether the merged decoder takes `position_ids` (`--target tensorrt` graphs and older
@@ -107,6 +113,8 @@ pub struct OrtModel {
     decoder_takes_positions: bool,
     /// The decoder session's main execution provider.
     provider: Provider,
+    /// Whether [`Backend::image_encoder`] may offer the encoder ([`LoadOptions::vision_stage`]).
+    vision_stage: bool,
     placement: Placement,
     /// Repacks in the decoder's memory (`None` if its session could not be made or failed).
     repacker: Option<Repacker>,
@@ -329,7 +337,7 @@ impl OrtModel {
         Ok(OrtModel {
             gqa,
             act,
-            vision,
+            vision: Arc::new(Mutex::new(vision)),
             embed,
             decoder_takes_positions: decoder
                 .session
@@ -338,6 +346,7 @@ impl OrtModel {
                 .any(|i| i.name() == tensor::POSITION_IDS),
             decoder: decoder.session,
             provider: decoder.provider,
+            vision_stage: opts.vision_stage,
             placement,
             repacker,
             kv_path: KvPath::Bound,
@@ -409,6 +418,58 @@ impl OrtModel {
     }
 }
 
+/// The vision encoder of an [`OrtModel`], for a vision stage's thread (the model keeps using
+/// it too: runs take turns through the mutex).
+struct VisionHandle {
+    vision: Arc<Mutex<Session>>,
+}
+
+impl ImageEncoder for VisionHandle {
+    fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+        let mut vision = self.vision.lock().unwrap_or_else(|e| e.into_inner());
+        encode(&mut vision, pixel_values, &mut None)
+    }
+}
+
+/// `pixel_values [1, 3, H, W]` through the vision session → `[N, hidden]` float32.
+fn encode(
+    vision: &mut Session,
+    pixel_values: &Array4<f32>,
+    tap: &mut Option<Tap>,
+) -> Result<Array2<f32>, BackendError> {
+    const PART: &str = graph::VISION;
+    let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
+    let data: Vec<f32> = pixel_values.iter().copied().collect();
+    // float32 pixels (exports before the onnx-community contract took the activation dtype).
+    let pixel_dtype = match vision.inputs().first().map(|i| i.dtype().tensor_type()) {
+        Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
+        _ => DType::F32,
+    };
+    let input = float_tensor(pixel_dtype, shape, data, PART)?;
+    let mut out = vision
+        .run(vec![(
+            Cow::from(tensor::PIXEL_VALUES),
+            SessionInputValue::from(input),
+        )])
+        .map_err(|e| BackendError::runtime(PART, e))?;
+    tap_outputs(tap, &out, PART)?;
+    let v = out
+        .remove(tensor::IMAGE_FEATURES)
+        .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
+    let (shape, data) = read_f(&v, PART)?;
+    // [1, N, hidden] (older exports: [N, hidden]).
+    let (n, h) = match shape[..] {
+        [1, n, h] | [n, h] => (n, h),
+        _ => {
+            return Err(BackendError::runtime(
+                PART,
+                format!("image_features has shape {shape:?}, expected [1, N, hidden]"),
+            ))
+        }
+    };
+    Array2::from_shape_vec((n, h), data).map_err(|e| BackendError::runtime(PART, e))
+}
+
 fn tap_outputs(
     tap: &mut Option<Tap>,
     out: &ort::session::SessionOutputs<'_>,
@@ -436,43 +497,18 @@ impl Backend for OrtModel {
     }
 
     fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-        const PART: &str = graph::VISION;
-        let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
-        let data: Vec<f32> = pixel_values.iter().copied().collect();
-        // float32 pixels (exports before the onnx-community contract took the activation dtype).
-        let pixel_dtype = match self
-            .vision
-            .inputs()
-            .first()
-            .map(|i| i.dtype().tensor_type())
-        {
-            Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
-            _ => DType::F32,
-        };
-        let input = float_tensor(pixel_dtype, shape, data, PART)?;
-        let mut out = self
-            .vision
-            .run(vec![(
-                Cow::from(tensor::PIXEL_VALUES),
-                SessionInputValue::from(input),
-            )])
-            .map_err(|e| BackendError::runtime(PART, e))?;
-        tap_outputs(&mut self.tap, &out, PART)?;
-        let v = out
-            .remove(tensor::IMAGE_FEATURES)
-            .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
-        let (shape, data) = read_f(&v, PART)?;
-        // [1, N, hidden] (older exports: [N, hidden]).
-        let (n, h) = match shape[..] {
-            [1, n, h] | [n, h] => (n, h),
-            _ => {
-                return Err(BackendError::runtime(
-                    PART,
-                    format!("image_features has shape {shape:?}, expected [1, N, hidden]"),
-                ))
-            }
-        };
-        Array2::from_shape_vec((n, h), data).map_err(|e| BackendError::runtime(PART, e))
+        let mut vision = self.vision.lock().unwrap_or_else(|e| e.into_inner());
+        encode(&mut vision, pixel_values, &mut self.tap)
+    }
+
+    fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
+        // Only on a GPU (on the CPU both would share the same cores), unless switched off,
+        // and never while a calibration tap reads the encoder's outputs on this thread.
+        (self.vision_stage && self.provider.is_gpu() && self.tap.is_none()).then(|| {
+            Box::new(VisionHandle {
+                vision: self.vision.clone(),
+            }) as Box<dyn ImageEncoder>
+        })
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
