@@ -55,7 +55,8 @@ pub struct RuntimeArgs {
     pub cuda_graphs: Option<bool>,
     /// Encode pages' images on a thread of their own while the batch decodes (`on`/`off`;
     /// GPU providers only).
-    #[arg(long, env = "OCRCTL_VISION_STAGE", default_value = "on", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "OCRCTL_VISION_STAGE", default_value = "on", action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new())]
     pub vision_stage: bool,
 }
 
@@ -274,4 +275,33 @@ pub fn describe(e: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RuntimeArgs;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        rt: RuntimeArgs,
+    }
+
+    #[test]
+    fn switches_take_on_and_off_and_default_as_documented() {
+        let rt = Cli::try_parse_from(["t"]).unwrap().rt;
+        assert!(rt.vision_stage);
+        assert_eq!(rt.cuda_graphs, None);
+        let rt = Cli::try_parse_from(["t", "--vision-stage", "off", "--cuda-graphs", "on"])
+            .unwrap()
+            .rt;
+        assert!(!rt.vision_stage);
+        assert_eq!(rt.cuda_graphs, Some(true));
+        let rt = Cli::try_parse_from(["t", "--vision-stage", "on"])
+            .unwrap()
+            .rt;
+        assert!(rt.vision_stage);
+        assert!(Cli::try_parse_from(["t", "--vision-stage", "maybe"]).is_err());
+    }
 }

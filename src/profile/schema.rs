@@ -132,7 +132,8 @@ pub struct CudaSection {
     pub memory_limit_gb: f64,
     /// `arena_extend_strategy`.
     pub arena_extend_strategy: ArenaExtendStrategy,
-    /// `enable_cuda_graph` (only for fixed shapes).
+    /// `enable_cuda_graph` for the GQA decoder's decode steps (one captured graph per batch
+    /// bucket; other graphs run uncaptured). `--cuda-graphs` overrides it.
     pub cuda_graphs: bool,
 }
 
