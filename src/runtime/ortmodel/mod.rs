@@ -8,7 +8,8 @@
 //! `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack` (the same
 //! repacking in the execution provider's memory with a small ONNX graph), `batch` (decoder
 //! inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
-//! execution provider's memory with IoBinding, see [`KvPath`]).
+//! execution provider's memory with IoBinding, see [`KvPath`]), `vision` (the vision encoder
+//! run, and its handle for a vision stage's thread).
 
 mod batch;
 mod binding;
@@ -17,6 +18,8 @@ mod kv;
 mod repack;
 mod session;
 mod tensors;
+mod vision;
+use vision::{encode, VisionHandle};
 
 pub use binding::{KvPath, KvStats};
 pub use kv::OrtCache;
@@ -418,59 +421,7 @@ impl OrtModel {
     }
 }
 
-/// The vision encoder of an [`OrtModel`], for a vision stage's thread (the model keeps using
-/// it too: runs take turns through the mutex).
-struct VisionHandle {
-    vision: Arc<Mutex<Session>>,
-}
-
-impl ImageEncoder for VisionHandle {
-    fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-        let mut vision = self.vision.lock().unwrap_or_else(|e| e.into_inner());
-        encode(&mut vision, pixel_values, &mut None)
-    }
-}
-
-/// `pixel_values [1, 3, H, W]` through the vision session → `[N, hidden]` float32.
-fn encode(
-    vision: &mut Session,
-    pixel_values: &Array4<f32>,
-    tap: &mut Option<Tap>,
-) -> Result<Array2<f32>, BackendError> {
-    const PART: &str = graph::VISION;
-    let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
-    let data: Vec<f32> = pixel_values.iter().copied().collect();
-    // float32 pixels (exports before the onnx-community contract took the activation dtype).
-    let pixel_dtype = match vision.inputs().first().map(|i| i.dtype().tensor_type()) {
-        Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
-        _ => DType::F32,
-    };
-    let input = float_tensor(pixel_dtype, shape, data, PART)?;
-    let mut out = vision
-        .run(vec![(
-            Cow::from(tensor::PIXEL_VALUES),
-            SessionInputValue::from(input),
-        )])
-        .map_err(|e| BackendError::runtime(PART, e))?;
-    tap_outputs(tap, &out, PART)?;
-    let v = out
-        .remove(tensor::IMAGE_FEATURES)
-        .ok_or_else(|| BackendError::runtime(PART, "no image_features output"))?;
-    let (shape, data) = read_f(&v, PART)?;
-    // [1, N, hidden] (older exports: [N, hidden]).
-    let (n, h) = match shape[..] {
-        [1, n, h] | [n, h] => (n, h),
-        _ => {
-            return Err(BackendError::runtime(
-                PART,
-                format!("image_features has shape {shape:?}, expected [1, N, hidden]"),
-            ))
-        }
-    };
-    Array2::from_shape_vec((n, h), data).map_err(|e| BackendError::runtime(PART, e))
-}
-
-fn tap_outputs(
+pub(super) fn tap_outputs(
     tap: &mut Option<Tap>,
     out: &ort::session::SessionOutputs<'_>,
     part: &str,
