@@ -11,6 +11,10 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use std::path::Path;
 
+/// When set, every session of a load runs ONNX Runtime's profiler and writes its trace to
+/// `<value><part>_<timestamp>.json` when it ends (e.g. `OCRCTL_ORT_PROFILE=/tmp/prof/`).
+pub const PROFILE_ENV: &str = "OCRCTL_ORT_PROFILE";
+
 /// A session and its main provider: the first registered one (ONNX Runtime places every node
 /// that provider supports on it; the CPU provider, never registered explicitly, comes last).
 pub(super) struct Built {
@@ -94,6 +98,13 @@ pub(super) fn build(
             // H200, `serve --profile 16gb` at batch 4 held 16.6 GB with patterns and 6.7 GB
             // without, at the same throughput (2.81 vs 2.97 requests/s).
             b = b.with_memory_pattern(false)?;
+            // ONNX Runtime's profiler for one run of a command (issue 9's "profile before you
+            // optimise"): a Chrome-trace JSON per session, written when the session ends.
+            if let Some(prefix) = std::env::var_os(PROFILE_ENV) {
+                let mut p = prefix;
+                p.push(format!("{part}_"));
+                b = b.with_profiling(p)?;
+            }
             if let (Some(p), None) = (optimized, prebuilt) {
                 b = b.with_optimized_model_path(p)?;
             }

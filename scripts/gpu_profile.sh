@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# ONNX Runtime's profiler on the GPU machine (issue 9: profile before optimising): the dummy
+# full-size model's vision encoder, prefill and decode steps for an A4 page, once as run
+# (asynchronous launches: host-side spans) and once with CUDA_LAUNCH_BLOCKING=1 (each node
+# waits for its kernels, so a node's span is its GPU time plus a launch), each summarised per
+# operator by scripts/ort_profile_summary.py. Traces and summaries to $OUT.
+# Needs ONNX Runtime's GPU parts and ocrctl.zst as for scripts/gpu_graphs.sh.
+# Knobs: SIZES (1092x1540), PRECISION (fp16), GRAPHS (off: CUDA graphs hide the decode step's
+# nodes from the profiler).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p /opt/ortgpu "$OUT"
+export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
+[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
+BIN=/opt/ortparts/ocrctl
+[ -x $BIN ] || { /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN; }
+P=${PRECISION:-fp16}
+M=/tmp/dummy-$P
+[ -d $M ] || $BIN export --checkpoint dummy:lightonocr-2-1b --out $M --precision $P --decoder gqa 2>&1 | tail -1
+command -v nsys >/dev/null && echo "nsys: $(command -v nsys)" || echo "nsys: not installed"
+for mode in async blocking; do
+  rm -rf /tmp/prof-$mode && mkdir -p /tmp/prof-$mode
+  echo "== $mode"
+  env $([ $mode = blocking ] && echo CUDA_LAUNCH_BLOCKING=1) OCRCTL_ORT_PROFILE=/tmp/prof-$mode/ \
+    $BIN bench --model $M --precision $P --decoder gqa --providers cuda --strict-providers \
+    --cuda-graphs "${GRAPHS:-off}" --vision-stage off --sizes "${SIZES:-1092x1540}" --new-tokens 32 \
+    --runs 3 --batch-sizes 1 2>&1 | grep -A2 "vision ms"
+  python3 scripts/ort_profile_summary.py /tmp/prof-$mode/vision_encoder*.json --top 14 --skip-runs 1 \
+    | tee "$OUT/vision-$mode.txt"
+  python3 scripts/ort_profile_summary.py /tmp/prof-$mode/decoder*.json --top 14 --skip-runs 4 --runs-under-ms 15 \
+    | tee "$OUT/decoder-$mode.txt"
+done
+# The blocking vision trace, kept for a closer look (zstd: traces are large).
+/opt/ortparts/zstd -q -19 /tmp/prof-blocking/vision_encoder*.json -o "$OUT/vision-blocking.json.zst"
