@@ -7,7 +7,7 @@ Runtime records is the host-side launch span of each node (asynchronous kernels)
 with nsys where the two differ.
 
 Usage: scripts/ort_profile_summary.py TRACE.json [...] [--top 15] [--skip-runs 1]
-       [--runs-under-ms MS]
+       [--runs-under-ms MS] [--runs-over-ms MS]
 """
 import argparse
 import bisect
@@ -16,7 +16,7 @@ import json
 import statistics
 
 
-def summarise(path, top, skip, under_ms):
+def summarise(path, top, skip, under_ms, over_ms=None):
     events = json.load(open(path))
     runs = sorted(
         (e["ts"], e["dur"])
@@ -24,8 +24,13 @@ def summarise(path, top, skip, under_ms):
         if e.get("cat") == "Session" and e.get("name") == "model_run"
     )
     # The first runs include allocation and kernel selection: skipped as warm-up. With
-    # --runs-under-ms only the shorter runs count (decode steps rather than prefills).
-    kept = [r for r in runs[skip:] if under_ms is None or r[1] < under_ms * 1e3]
+    # --runs-under-ms only the shorter runs count (decode steps rather than prefills), with
+    # --runs-over-ms only the longer ones (prefills).
+    kept = [
+        r
+        for r in runs[skip:]
+        if (under_ms is None or r[1] < under_ms * 1e3) and (over_ms is None or r[1] > over_ms * 1e3)
+    ]
     print(f"== {path}")
     if not kept:
         print("no runs counted")
@@ -62,9 +67,10 @@ def main():
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--skip-runs", type=int, default=1)
     p.add_argument("--runs-under-ms", type=float, help="count only runs shorter than this")
+    p.add_argument("--runs-over-ms", type=float, help="count only runs longer than this")
     a = p.parse_args()
     for t in a.traces:
-        summarise(t, a.top, a.skip_runs, a.runs_under_ms)
+        summarise(t, a.top, a.skip_runs, a.runs_under_ms, a.runs_over_ms)
 
 
 if __name__ == "__main__":

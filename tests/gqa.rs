@@ -272,3 +272,37 @@ fn a_request_too_long_for_the_cache_fails_alone() {
     assert!(err.to_string().contains("holds 64"), "{err}");
     assert_eq!(engine.backend.free_sequences(), Some(2));
 }
+
+/// The `--target ort` graphs that the parity tests above check carry ONNX Runtime's fused
+/// kernels: the vision encoder's 2-D RoPE as `RotaryEmbedding` (no Split/Neg/Concat rotation
+/// left), and every residual sum with the RMSNorm after it as one
+/// `SkipSimplifiedLayerNormalization`, in the vision encoder and the GQA decoder alike.
+#[test]
+fn ort_graphs_fuse_rotary_and_residual_norms() {
+    let m = ocrctl_exporters::export::Manifest::load(export()).unwrap();
+    let (vl, tl) = (m.model.vision.num_layers, m.model.text.num_layers);
+    for precision in [Precision::Fp32, Precision::Fp16] {
+        let graphs = &m.graphs[&precision];
+        let count = |part: &str, op: &str| graphs[part].op_counts.get(op).copied().unwrap_or(0);
+        let vision = "vision_encoder";
+        assert_eq!(
+            count(vision, "com.microsoft.RotaryEmbedding"),
+            2 * vl,
+            "{precision:?}"
+        );
+        assert_eq!(
+            count(vision, "Neg"),
+            0,
+            "{precision:?}: explicit rotation left"
+        );
+        // Two per layer, the second layer's first one adding the previous MLP output; the
+        // projector's norm adds the last one.
+        let skip = "com.microsoft.SkipSimplifiedLayerNormalization";
+        assert_eq!(count(vision, skip), 2 * vl, "{precision:?}");
+        assert_eq!(count("decoder_gqa", skip), 2 * tl, "{precision:?}");
+        assert_eq!(
+            count("decoder_gqa", "com.microsoft.GroupQueryAttention"),
+            tl
+        );
+    }
+}

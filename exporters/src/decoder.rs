@@ -292,17 +292,31 @@ pub(crate) fn mlp_block(
         t.hidden_size,
         t.rms_norm_eps,
     )?;
-    let m = layers::gated_mlp(
+    let m = mlp(g, e, w, cfg, pre, &hn)?;
+    Ok(g.op("Add", &[x1, &m], &[]))
+}
+
+/// The SwiGLU MLP of decoder layer `pre` on its normed input.
+pub(crate) fn mlp(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    cfg: &ModelConfig,
+    pre: &str,
+    hn: &Value,
+) -> Result<Value, ExportError> {
+    let t = &cfg.text;
+    let name = format!("{pre}.mlp");
+    layers::gated_mlp(
         g,
         e,
         w,
-        &hn,
-        &format!("{pre}.mlp"),
+        hn,
+        &name,
         t.hidden_size,
         t.intermediate_size,
         "silu",
-    )?;
-    Ok(g.op("Add", &[x1, &m], &[]))
+    )
 }
 
 /// The lm_head weight: `lm_head.weight` unless tied (or absent), else the embeddings.

@@ -300,6 +300,34 @@ impl Graph {
         outs.into_iter().map(Value).collect()
     }
 
+    /// Adds a node of `domain` whose optional outputs are only partly used: `used[i]` says
+    /// whether output `i` gets a name (and is returned, in order); the others are written as
+    /// empty names, ONNX's way of saying "not produced".
+    pub fn op_some_outputs_in(
+        &mut self,
+        domain: &str,
+        op: &str,
+        inputs: &[&Value],
+        attrs: &[(&str, Attr)],
+        used: &[bool],
+    ) -> Vec<Value> {
+        let outs: Vec<String> = used
+            .iter()
+            .map(|u| {
+                if *u {
+                    self.fresh(&op.to_lowercase())
+                } else {
+                    String::new()
+                }
+            })
+            .collect();
+        self.push_node(op, domain, inputs, outs.clone(), attrs);
+        outs.into_iter()
+            .filter(|o| !o.is_empty())
+            .map(Value)
+            .collect()
+    }
+
     /// Adds an initializer from raw little-endian bytes; large ones are streamed to the
     /// external-data file immediately.
     pub fn initializer(

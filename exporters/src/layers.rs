@@ -4,10 +4,12 @@
 //! - [`Target::TensorRt`]: standard ONNX ops only (what the onnx-tensorrt parser accepts).
 //! - [`Target::Ort`]: ONNX Runtime's fused contrib ops where they help on CUDA/CPU:
 //!   `com.microsoft.MultiHeadAttention` for the vision encoder's unmasked attention (avoids
-//!   materialising S×S scores per head) and, in the GQA decoder,
-//!   `com.microsoft.GroupQueryAttention`. RMSNorm is written in standard ops in the form ONNX
-//!   Runtime's `SimplifiedLayerNormFusion` turns into its fused kernel on CPU and CUDA (see
-//!   [`rms_norm`]), so every graph also passes `onnx.checker`.
+//!   materialising S×S scores per head), the vision encoder's 2-D RoPE as
+//!   `com.microsoft.RotaryEmbedding` ([`rotary`]) and its residual sums with the RMSNorm after
+//!   them as `com.microsoft.SkipSimplifiedLayerNormalization` ([`add_rms_norm`]); the GQA
+//!   decoder adds `com.microsoft.GroupQueryAttention`. A lone RMSNorm is written in standard
+//!   ops in the form ONNX Runtime's `SimplifiedLayerNormFusion` turns into its fused kernel on
+//!   CPU and CUDA (see [`rms_norm`]).
 //!
 //! Numerics follow transformers: norms are computed in float32 and cast back before the
 //! weight multiply; attention softmax runs in float32.
@@ -262,6 +264,45 @@ pub fn rms_norm(
     Ok(g.op("Mul", &[&normed, &scale], &[]))
 }
 
+/// `x + add` and the RMSNorm of that sum (`add` absent: `x` and its RMSNorm): the residual
+/// step of a pre-norm transformer. Returns `(normed, sum)`.
+///
+/// For [`Target::Ort`] the pair is one `com.microsoft.SkipSimplifiedLayerNormalization` node
+/// (its fourth output is the sum). ONNX Runtime 1.31's `SkipLayerNormFusion` does not do this
+/// itself: it matches only `LayerNormalization`, and only an `Add` with a single consumer,
+/// while a residual sum also feeds the next residual `Add`. The CPU (float, float16) and CUDA
+/// kernels add and normalise in float32 and round once, where transformers rounds the sum to
+/// the activation dtype first: the same in float32, within the float16 tolerance otherwise
+/// (`tests/gqa.rs`, `tests/parity.rs`).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    x: &Value,
+    add: Option<&Value>,
+    name: &str,
+    len: usize,
+    eps: f64,
+) -> Result<(Value, Value), ExportError> {
+    let Some(add) = add else {
+        return Ok((rms_norm(g, e, w, x, name, len, eps)?, x.clone()));
+    };
+    if e.target != Target::Ort {
+        let sum = g.op("Add", &[x, add], &[]);
+        return Ok((rms_norm(g, e, w, &sum, name, len, eps)?, sum));
+    }
+    let scale = vector(g, e, w, name, len)?;
+    let outs = g.op_some_outputs_in(
+        "com.microsoft",
+        "SkipSimplifiedLayerNormalization",
+        &[x, add, &scale],
+        &[("epsilon", Attr::Float(eps as f32))],
+        &[true, false, false, true],
+    );
+    Ok((outs[0].clone(), outs[1].clone()))
+}
+
 /// `x * sigmoid(x)`.
 pub fn silu(g: &mut Graph, x: &Value) -> Value {
     let s = g.op("Sigmoid", &[x], &[]);
@@ -347,6 +388,32 @@ pub fn rope(g: &mut Graph, x: &Value, cos: &Value, sin: &Value) -> Value {
     g.op("Add", &[&a, &b], &[])
 }
 
+/// Rotary embedding by `com.microsoft.RotaryEmbedding` (rotate-half convention,
+/// `interleaved = 0`) on `x [B, S, heads·head_dim]`; `position_ids [B, S]` (int64) index the
+/// rows of `cos_cache`/`sin_cache [positions, head_dim / 2]`.
+///
+/// The input must be 3-D: ONNX Runtime reads a 4-D input as `[B, heads, S, head_dim]`
+/// (`rotary_embedding_helper.h`), so a `[B, S, heads, head_dim]` tensor would be rotated
+/// along the wrong axes, silently.
+pub fn rotary(
+    g: &mut Graph,
+    x: &Value,
+    position_ids: &Value,
+    cos_cache: &Value,
+    sin_cache: &Value,
+    heads: usize,
+) -> Value {
+    g.op_in(
+        "com.microsoft",
+        "RotaryEmbedding",
+        &[x, position_ids, cos_cache, sin_cache],
+        &[
+            ("interleaved", Attr::Int(0)),
+            ("num_heads", Attr::Int(heads as i64)),
+        ],
+    )
+}
+
 /// Scaled dot-product attention on BNSH tensors with standard ops.
 ///
 /// `q`: `[B, heads, S, d]`; `k`, `v`: `[B, kv_heads, T, d]`; `mask`: optional bool
@@ -407,9 +474,9 @@ pub fn attention_bnsh(
     g.op("Reshape", &[&ctx, &shape], &[])
 }
 
-/// Unmasked self-attention for the vision encoder on BSNH inputs `[1, S, heads, d]`
-/// (after RoPE). Returns `[1, S, heads·d]`. Uses `com.microsoft.MultiHeadAttention` for
-/// [`Target::Ort`], standard ops otherwise.
+/// Unmasked self-attention for the vision encoder (after RoPE). Returns `[1, S, heads·d]`.
+/// [`Target::Ort`]: `com.microsoft.MultiHeadAttention` on `[1, S, heads·d]` inputs; otherwise
+/// standard ops on BSNH inputs `[1, S, heads, d]`.
 pub fn vision_attention(
     g: &mut Graph,
     e: Emit,
@@ -420,14 +487,10 @@ pub fn vision_attention(
     head_dim: usize,
 ) -> Value {
     if e.target == Target::Ort {
-        let shape = g.const_i64(&[0, 0, (heads * head_dim) as i64]);
-        let q3 = g.op("Reshape", &[q, &shape], &[]);
-        let k3 = g.op("Reshape", &[k, &shape], &[]);
-        let v3 = g.op("Reshape", &[v, &shape], &[]);
         return g.op_in(
             "com.microsoft",
             "MultiHeadAttention",
-            &[&q3, &k3, &v3],
+            &[q, k, v],
             &[
                 ("num_heads", Attr::Int(heads as i64)),
                 ("scale", Attr::Float((head_dim as f32).powf(-0.5))),

@@ -5,14 +5,18 @@
 //! `PixtralRotaryEmbedding`) and `lighton_ocr/modeling_lighton_ocr.py`
 //! (`LightOnOcrMultiModalProjector`, `LightOnOcrPatchMerger`).
 //!
-//! 2-D RoPE is an explicit cos/sin table of `max_side² × head_dim` gathered by the position
-//! id `row·max_side + col` (never ORT's fused rotary op, which mishandles this layout).
+//! 2-D RoPE: a cos/sin table over the `max_side²` grid positions, indexed by the position id
+//! `row·max_side + col`. `--target tensorrt` gathers full-width rows and rotates with standard
+//! ops; `--target ort` hands half-width tables and the ids to ONNX Runtime's
+//! `RotaryEmbedding` on `[1, S, heads·head_dim]` (a 4-D input would be read as BNSH, the
+//! layout mistake that broke other Pixtral exports), checked against the reference like every
+//! graph.
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
 use crate::contract::tensor;
 use crate::graph::{Attr, DType, Dim, Graph, Value};
-use crate::layers::{self, Emit};
+use crate::layers::{self, Emit, Target};
 use crate::ExportError;
 
 /// Prefix of the Pixtral weights in a LightOnOCR checkpoint.
@@ -43,6 +47,119 @@ pub fn pixtral_rope_table(theta: f64, head_dim: usize, max_side: usize) -> (Vec<
         }
     }
     (cos, sin)
+}
+
+/// The 2-D RoPE of one image, as its attention layers take it.
+enum Rope {
+    /// `cos`/`sin [S, 1, head_dim]`, broadcast over the heads of `[1, S, heads, head_dim]`
+    /// (standard ops, [`layers::rope`]).
+    Explicit { cos: Value, sin: Value },
+    /// Position ids `[1, S]` into half-width tables `[max_side², head_dim / 2]`
+    /// ([`layers::rotary`], ONNX Runtime's fused kernel: 2 nodes per layer instead of 12).
+    Fused {
+        positions: Value,
+        cos: Value,
+        sin: Value,
+    },
+}
+
+/// Position ids `row·max_side + col` over the `h × wd` patch grid, and the table lookup that
+/// [`Rope`] needs for `e.target`.
+fn rope_inputs(
+    g: &mut Graph,
+    e: Emit,
+    v: &crate::config::VisionConfig,
+    max_side: usize,
+    h: &Value,
+    wd: &Value,
+) -> Result<Rope, ExportError> {
+    let (cos_t, sin_t) = pixtral_rope_table(v.rope_theta, v.head_dim, max_side);
+    let zero = g.scalar_i64(0);
+    let one = g.scalar_i64(1);
+    // Explicit constant axes: TensorRT requires Squeeze's axes to be an initializer.
+    let sq_axes = g.const_i64(&[0]);
+    let h_s = g.op("Squeeze", &[h, &sq_axes], &[]);
+    let w_s = g.op("Squeeze", &[wd, &sq_axes], &[]);
+    let rows = g.op("Range", &[&zero, &h_s, &one], &[]);
+    let cols = g.op("Range", &[&zero, &w_s, &one], &[]);
+    let ax1 = g.const_i64(&[1]);
+    let ax0 = g.const_i64(&[0]);
+    let rows = g.op("Unsqueeze", &[&rows, &ax1], &[]);
+    let cols = g.op("Unsqueeze", &[&cols, &ax0], &[]);
+    let side = g.scalar_i64(max_side as i64);
+    let rows = g.op("Mul", &[&rows, &side], &[]);
+    let pos = g.op("Add", &[&rows, &cols], &[]);
+    if e.target == Target::Ort {
+        // Each table row holds its angles twice (rotate-half layout): keep the first half.
+        let half = v.head_dim / 2;
+        let halve = |t: &[f32]| -> Vec<f32> {
+            t.chunks(v.head_dim)
+                .flat_map(|r| r[..half].to_vec())
+                .collect()
+        };
+        let dims = [(max_side * max_side) as i64, half as i64];
+        let cos = g.weight("vision_rope_cos_cache", e.act, &dims, &halve(&cos_t))?;
+        let sin = g.weight("vision_rope_sin_cache", e.act, &dims, &halve(&sin_t))?;
+        let shape = g.const_i64(&[1, -1]);
+        let positions = g.op("Reshape", &[&pos, &shape], &[]);
+        return Ok(Rope::Fused {
+            positions,
+            cos,
+            sin,
+        });
+    }
+    let table_dims = [(max_side * max_side) as i64, v.head_dim as i64];
+    let cos_t = g.weight("vision_rope_cos", e.act, &table_dims, &cos_t)?;
+    let sin_t = g.weight("vision_rope_sin", e.act, &table_dims, &sin_t)?;
+    let minus_one = g.const_i64(&[-1]);
+    let pos = g.op("Reshape", &[&pos, &minus_one], &[]);
+    let cos = g.op("Gather", &[&cos_t, &pos], &[("axis", Attr::Int(0))]);
+    let sin = g.op("Gather", &[&sin_t, &pos], &[("axis", Attr::Int(0))]);
+    // [S, d] → [S, 1, d] to broadcast over heads in the BSNH layout.
+    let cos = g.op("Unsqueeze", &[&cos, &ax1], &[]);
+    let sin = g.op("Unsqueeze", &[&sin, &ax1], &[]);
+    Ok(Rope::Explicit { cos, sin })
+}
+
+/// Self-attention of layer `pre` on the normed input `hn [1, S, D]`: Q/K/V projections,
+/// RoPE on Q and K, unmasked attention, output projection. Returns `[1, S, D]`.
+fn attention(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    v: &crate::config::VisionConfig,
+    pre: &str,
+    hn: &Value,
+    rope: &Rope,
+) -> Result<Value, ExportError> {
+    let (d, heads, hd) = (v.hidden_size, v.num_heads, v.head_dim);
+    let inner = heads * hd;
+    let mut qkv = Vec::new();
+    for n in ["q", "k", "v"] {
+        let name = format!("{pre}.attention.{n}_proj.weight");
+        qkv.push(layers::linear(g, e, w, hn, &name, inner, d)?);
+    }
+    let a = match rope {
+        Rope::Fused {
+            positions,
+            cos,
+            sin,
+        } => {
+            // [1, S, heads·hd] throughout: what RotaryEmbedding and MultiHeadAttention take.
+            let q = layers::rotary(g, &qkv[0], positions, cos, sin, heads);
+            let k = layers::rotary(g, &qkv[1], positions, cos, sin, heads);
+            layers::vision_attention(g, e, &q, &k, &qkv[2], heads, hd)
+        }
+        Rope::Explicit { cos, sin } => {
+            let bsnh = g.const_i64(&[0, 0, heads as i64, hd as i64]);
+            let [q, k, vv] = [&qkv[0], &qkv[1], &qkv[2]].map(|t| g.op("Reshape", &[t, &bsnh], &[]));
+            let q = layers::rope(g, &q, cos, sin);
+            let k = layers::rope(g, &k, cos, sin);
+            layers::vision_attention(g, e, &q, &k, &vv, heads, hd)
+        }
+    };
+    let name = format!("{pre}.attention.o_proj.weight");
+    layers::linear(g, e, w, &a, &name, d, inner)
 }
 
 /// Builds `<dir>/<stem>.onnx`. `step` is called once per transformer layer.
@@ -106,32 +223,7 @@ pub fn build(
 
     // Position ids row·max_side + col, row-major over the patch grid.
     let max_side = v.max_patches_per_side();
-    let (cos_t, sin_t) = pixtral_rope_table(v.rope_theta, v.head_dim, max_side);
-    let table_dims = [(max_side * max_side) as i64, v.head_dim as i64];
-    let cos_t = g.weight("vision_rope_cos", e.act, &table_dims, &cos_t)?;
-    let sin_t = g.weight("vision_rope_sin", e.act, &table_dims, &sin_t)?;
-    let zero = g.scalar_i64(0);
-    let one = g.scalar_i64(1);
-    // Explicit constant axes: TensorRT requires Squeeze's axes to be an initializer.
-    let sq_axes = g.const_i64(&[0]);
-    let h_s = g.op("Squeeze", &[&h, &sq_axes], &[]);
-    let w_s = g.op("Squeeze", &[&wd, &sq_axes], &[]);
-    let rows = g.op("Range", &[&zero, &h_s, &one], &[]);
-    let cols = g.op("Range", &[&zero, &w_s, &one], &[]);
-    let ax1 = g.const_i64(&[1]);
-    let ax0 = g.const_i64(&[0]);
-    let rows = g.op("Unsqueeze", &[&rows, &ax1], &[]);
-    let cols = g.op("Unsqueeze", &[&cols, &ax0], &[]);
-    let side = g.scalar_i64(max_side as i64);
-    let rows = g.op("Mul", &[&rows, &side], &[]);
-    let pos = g.op("Add", &[&rows, &cols], &[]);
-    let minus_one = g.const_i64(&[-1]);
-    let pos = g.op("Reshape", &[&pos, &minus_one], &[]);
-    let cos = g.op("Gather", &[&cos_t, &pos], &[("axis", Attr::Int(0))]);
-    let sin = g.op("Gather", &[&sin_t, &pos], &[("axis", Attr::Int(0))]);
-    // [S, d] → [S, 1, d] to broadcast over heads in the BSNH layout.
-    let cos = g.op("Unsqueeze", &[&cos, &ax1], &[]);
-    let sin = g.op("Unsqueeze", &[&sin, &ax1], &[]);
+    let rope = rope_inputs(&mut g, e, v, max_side, &h, &wd)?;
 
     x = layers::rms_norm(
         &mut g,
@@ -142,57 +234,20 @@ pub fn build(
         d,
         v.rms_norm_eps,
     )?;
-    let bsnh = g.const_i64(&[0, 0, v.num_heads as i64, v.head_dim as i64]);
-    let inner = v.num_heads * v.head_dim;
+    // The branch output not yet added to the residual stream: added by the next norm
+    // (`add_rms_norm`), so that sum and norm are one node for ONNX Runtime.
+    let mut pending: Option<Value> = None;
     for i in 0..v.num_layers {
         let pre = format!("{ENCODER}.transformer.layers.{i}");
-        x = g.scoped(
+        let (nx, m) = g.scoped(
             &format!("vision.layers.{i}"),
-            |g| -> Result<Value, ExportError> {
-                let hn = layers::rms_norm(
-                    g,
-                    e,
-                    w,
-                    &x,
-                    &format!("{pre}.attention_norm.weight"),
-                    d,
-                    v.rms_norm_eps,
-                )?;
-                let mut qkv = Vec::new();
-                for n in ["q", "k", "v"] {
-                    let t = layers::linear(
-                        g,
-                        e,
-                        w,
-                        &hn,
-                        &format!("{pre}.attention.{n}_proj.weight"),
-                        inner,
-                        d,
-                    )?;
-                    qkv.push(g.op("Reshape", &[&t, &bsnh], &[]));
-                }
-                let q = layers::rope(g, &qkv[0], &cos, &sin);
-                let k = layers::rope(g, &qkv[1], &cos, &sin);
-                let a = layers::vision_attention(g, e, &q, &k, &qkv[2], v.num_heads, v.head_dim);
-                let o = layers::linear(
-                    g,
-                    e,
-                    w,
-                    &a,
-                    &format!("{pre}.attention.o_proj.weight"),
-                    d,
-                    inner,
-                )?;
-                let x1 = g.op("Add", &[&x, &o], &[]);
-                let hn = layers::rms_norm(
-                    g,
-                    e,
-                    w,
-                    &x1,
-                    &format!("{pre}.ffn_norm.weight"),
-                    d,
-                    v.rms_norm_eps,
-                )?;
+            |g| -> Result<(Value, Value), ExportError> {
+                let norm = format!("{pre}.attention_norm.weight");
+                let eps = v.rms_norm_eps;
+                let (hn, x) = layers::add_rms_norm(g, e, w, &x, pending.as_ref(), &norm, d, eps)?;
+                let a = attention(g, e, w, v, &pre, &hn, &rope)?;
+                let norm = format!("{pre}.ffn_norm.weight");
+                let (hn, x1) = layers::add_rms_norm(g, e, w, &x, Some(&a), &norm, d, eps)?;
                 let m = layers::gated_mlp(
                     g,
                     e,
@@ -203,13 +258,17 @@ pub fn build(
                     v.intermediate_size,
                     &v.hidden_act,
                 )?;
-                Ok(g.op("Add", &[&x1, &m], &[]))
+                Ok((x1, m))
             },
         )?;
+        x = nx;
+        pending = Some(m);
         step();
     }
 
-    let feats = g.scoped("projector", |g| projector(g, e, cfg, w, &x, &h, &wd))?;
+    let feats = g.scoped("projector", |g| {
+        projector(g, e, cfg, w, &x, pending.as_ref(), &h, &wd)
+    })?;
     // [1, N, hidden] as the onnx-community encoders (and their consumers) have it, in the
     // activation dtype (the same as embed_tokens' output, which the features replace rows of).
     let axes = g.const_i64(&[0]);
@@ -227,28 +286,25 @@ pub fn build(
     g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
 }
 
-/// RMSNorm → 2×2 channel-major unfold → merging Linear → Linear → GELU → Linear.
+/// The last residual sum `x + pending` → RMSNorm → 2×2 channel-major unfold → merging
+/// Linear → Linear → GELU → Linear.
+#[allow(clippy::too_many_arguments)]
 fn projector(
     g: &mut Graph,
     e: Emit,
     cfg: &ModelConfig,
     w: &dyn Weights,
     x: &Value,
+    pending: Option<&Value>,
     h: &Value,
     wd: &Value,
 ) -> Result<Value, ExportError> {
     let d = cfg.vision.hidden_size;
     let m = cfg.spatial_merge_size as i64;
     let dt = cfg.text.hidden_size;
-    let x = layers::rms_norm(
-        g,
-        e,
-        w,
-        x,
-        &format!("{PROJECTOR}.norm.weight"),
-        d,
-        cfg.projector_rms_norm_eps,
-    )?;
+    let norm = format!("{PROJECTOR}.norm.weight");
+    let eps = cfg.projector_rms_norm_eps;
+    let (x, _) = layers::add_rms_norm(g, e, w, x, pending, &norm, d, eps)?;
     // [1, h·w, D] → [h, w, D], cropped to even sides as torch's unfold does (floor).
     let dvec = g.const_i64(&[d as i64]);
     let grid_shape = g.op("Concat", &[h, wd, &dvec], &[("axis", Attr::Int(0))]);
