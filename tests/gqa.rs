@@ -306,3 +306,72 @@ fn ort_graphs_fuse_rotary_and_residual_norms() {
         );
     }
 }
+
+/// Seeded sampling at batch 3 (five requests through three slots): sampling from the
+/// decoder's `top_logits`/`top_ids` candidates gives the same tokens as sampling from the full
+/// logits (the same requests asking for log-probabilities, which fetch them). At LightOnOCR's
+/// defaults (temperature 0.2, top-p 0.9) the trained fixture's steps are mostly decided by the
+/// candidates alone; at temperature 1.5, top-p 0.99 many are not, and those rows take the
+/// step's full logits afterwards (`step_logits`), still giving the same tokens.
+#[test]
+fn sampling_from_the_decoders_candidates_equals_sampling_from_full_logits() {
+    let g = golden();
+    let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
+    let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
+    let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
+    let reqs = |logprobs: bool, temperature: f32, top_p: f32| -> Vec<GenRequest> {
+        g.images()
+            .iter()
+            .enumerate()
+            .map(|(i, im)| {
+                let p = preprocess::preprocess(&g.reference_image(im), &cfg);
+                GenRequest {
+                    prompt_ids: prompter.encode(&[p.num_image_tokens], None).unwrap(),
+                    images: vec![p.pixel_values],
+                    params: SamplingParams {
+                        temperature,
+                        top_p,
+                        seed: Some(7 + i as u64),
+                        ..SamplingParams::greedy()
+                    },
+                    max_new_tokens: 30,
+                    stop_ids: vec![],
+                    ignore_eos: true,
+                    logprobs,
+                    top_logprobs: 0,
+                }
+            })
+            .collect()
+    };
+    for precision in [Precision::Fp32, Precision::Fp16] {
+        for (t, p) in [(0.2, 0.9), (1.5, 0.99)] {
+            let run = |logprobs: bool| {
+                let mut engine = Engine::new(load(precision, 3, 0), 3, image_token);
+                let out: Vec<Vec<u32>> = engine
+                    .run(reqs(logprobs, t, p), &mut |_| {})
+                    .into_iter()
+                    .map(|r| r.expect("generation succeeds").token_ids)
+                    .collect();
+                (
+                    out,
+                    engine.backend.kv_stats().step_logits_fallbacks as usize,
+                )
+            };
+            let ctx = format!("{precision:?}, temperature {t}, top-p {p}");
+            let (full, no_fallbacks) = run(true);
+            assert_eq!(
+                no_fallbacks, 0,
+                "{ctx}: rows with log-probabilities fetch full logits"
+            );
+            let (cands, fallbacks) = run(false);
+            assert_eq!(cands, full, "{ctx}");
+            let steps: usize = cands.iter().map(|c| c.len() - 1).sum();
+            eprintln!("{ctx}: {fallbacks} of {steps} sampling steps needed the full logits");
+            if t < 1.0 {
+                assert!(fallbacks * 4 < steps, "{ctx}: {fallbacks} of {steps}");
+            } else {
+                assert!(fallbacks > 0, "{ctx}: the fallback was not exercised");
+            }
+        }
+    }
+}

@@ -6,7 +6,8 @@
 //! the batch, read on the host); `past_key_values.{i}.key|value [B, kv_heads, max_seq,
 //! head_dim]`, a fixed-size cache whose rows `0..len` hold each sequence's keys and values.
 //! Outputs: `logits [B, 1, vocab]` (float32, last position only), `next_token [B, 1]` (int64,
-//! the argmax of the logits, so that greedy steps need not bring the logits to the host) and
+//! the argmax of the logits, so that greedy steps need not bring the logits to the host),
+//! `top_logits`/`top_ids [B, 1, K]` (the K largest logits and their ids, for sampling steps) and
 //! `present.{i}.key|value`, the same `[B, kv_heads, max_seq, head_dim]` buffers with the new
 //! positions written at rows `len..len+S`. Binding each present to the memory of its past
 //! (IoBinding) makes GQA update the cache in place: no concatenation, no copy, no repacking.
@@ -180,7 +181,30 @@ pub fn build(
         &[&logits],
         &[("axis", Attr::Int(-1)), ("keepdims", Attr::Int(0))],
     );
-    g.output(&next, tensor::NEXT_TOKEN, DType::I64, &[b, Dim::Fixed(1)]);
+    g.output(
+        &next,
+        tensor::NEXT_TOKEN,
+        DType::I64,
+        &[b.clone(), Dim::Fixed(1)],
+    );
+    // Sampling candidates: the largest logits and their ids, so that a sampling step needs
+    // only these on the host whenever they decide the draw (`Sampler::next_from_candidates`).
+    // ONNX's TopK returns them largest first, the lower index first among equal values.
+    let k = tensor::SAMPLING_CANDIDATES.min(t.vocab_size);
+    let kk = g.const_i64(&[k as i64]);
+    let top = g.op_multi(
+        "TopK",
+        &[&logits, &kk],
+        &[
+            ("axis", Attr::Int(-1)),
+            ("largest", Attr::Int(1)),
+            ("sorted", Attr::Int(1)),
+        ],
+        2,
+    );
+    let top_dims = [b, Dim::Fixed(1), Dim::Fixed(k as i64)];
+    g.output(&top[0], tensor::TOP_LOGITS, DType::F32, &top_dims);
+    g.output(&top[1], tensor::TOP_IDS, DType::I64, &top_dims);
     g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
 }
 

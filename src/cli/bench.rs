@@ -59,6 +59,16 @@ pub struct BenchArgs {
     /// steady-state continuous batching: pages join as others finish.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pages_per_slot: u32,
+    /// Temperature of the throughput sweep's requests (0 = greedy). LightOnOCR's own
+    /// generation_config.json samples at 0.2 with top-p 0.9, which `ocr` and `serve` apply.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Top-p of the throughput sweep's requests when they sample.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Top-k of the throughput sweep's requests when they sample (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
     /// Where the decoder keeps its KV cache between steps.
     #[arg(long, value_enum, default_value = "bound")]
     kv_path: KvPathArg,
@@ -122,6 +132,17 @@ pub fn peak_rss_mib() -> Option<f64> {
 
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    // The sweep's requests: greedy unless --temperature, seeded so that runs repeat.
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        seed: Some(0),
+        ..SamplingParams::greedy()
+    };
+    params
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
     let (mut opts, _profile) = a.rt.load_options(&a.model)?;
     opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
     let cfg = ocrctl_exporters::export::Manifest::load(&a.model)
@@ -205,7 +226,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             engine.max_batch = b.max(1);
             let n = b.max(1) * a.pages_per_slot as usize;
             let req = GenRequest {
-                params: SamplingParams::greedy(),
+                params: params.clone(),
                 stop_ids: vec![],
                 ignore_eos: true,
                 ..pipeline.request(page.clone(), a.new_tokens)
@@ -255,6 +276,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "model": a.model.display().to_string(),
         "precision": precision.name(),
         "new_tokens": a.new_tokens,
+        "temperature": a.temperature,
+        "top_p": a.top_p,
+        "top_k": a.top_k,
         "threads": opts.threads,
         "load_s": load_s,
         "peak_rss_mib": peak_rss_mib(),
@@ -292,6 +316,7 @@ fn kv_json(model: &OrtModel) -> serde_json::Value {
         "step_embed_s": s.step_embed_ns as f64 * 1e-9,
         "step_decoder_run_s": s.step_run_ns as f64 * 1e-9,
         "step_logits_s": s.step_logits_ns as f64 * 1e-9,
+        "step_logits_fallbacks": s.step_logits_fallbacks,
     })
 }
 
@@ -327,6 +352,13 @@ fn print_table(out: &serde_json::Value) {
         );
     }
     let kv = &out["kv"];
+    if out["temperature"].as_f64().unwrap_or(0.0) > 0.0 {
+        println!(
+            "sweep samples at temperature {} top-p {} top-k {}: {} rows needed full logits \
+             after the device's candidates",
+            out["temperature"], out["top_p"], out["top_k"], kv["step_logits_fallbacks"]
+        );
+    }
     println!(
         "KV cache: {} path, in {} memory ({} bound / {} host decoder runs, {} repacks){}",
         kv["path"].as_str().unwrap_or(""),

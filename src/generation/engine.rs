@@ -47,7 +47,9 @@ use crate::generation::generate::{
 };
 use crate::generation::sampling::{Sampler, SamplingParams};
 use crate::generation::vision::VisionStage;
-use crate::runtime::backend::{Backend, BackendError, StepLogits};
+use crate::runtime::backend::{Backend, BackendError, RowNeed, StepLogits};
+
+mod need;
 use ndarray::Array4;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -236,15 +238,6 @@ fn empty_generation() -> Generation {
         top_logprobs: vec![],
         finish_reason: FinishReason::Length,
     }
-}
-
-/// Whether the argmax of a request's logits is all its next token needs: greedy, no
-/// repetition penalty, no log-probabilities.
-fn argmax_is_enough(req: &GenRequest) -> bool {
-    req.params.is_greedy()
-        && req.params.repetition_penalty == 1.0
-        && !req.logprobs
-        && req.top_logprobs == 0
 }
 
 /// The text of a caught panic's payload (`&str` or `String`), else a placeholder.
@@ -529,22 +522,34 @@ impl<B: Backend> Engine<B> {
             .iter()
             .map(|a| *a.out.token_ids.last().expect("one token chosen"))
             .collect();
-        let argmax_only: Vec<bool> = keep.iter().map(|a| argmax_is_enough(&a.req)).collect();
+        let need: Vec<RowNeed> = keep.iter().map(|a| need::row_need(&a.req)).collect();
         let mut metas = Vec::with_capacity(keep.len());
         let mut caches = Vec::with_capacity(keep.len());
         for a in keep {
             caches.push(a.cache);
             metas.push((a.index, a.req, a.sampler, a.out));
         }
-        match self
-            .backend
-            .decode_batch_select(&tokens, caches, &argmax_only)
-        {
+        match self.backend.decode_batch_select(&tokens, caches, &need) {
             Ok((logits, caches)) => {
-                for ((m, l), c) in metas.into_iter().zip(logits).zip(caches) {
+                for (row, ((mut m, l), c)) in metas.into_iter().zip(logits).zip(caches).enumerate()
+                {
                     let (logits, device_choice) = match l {
                         StepLogits::Full(l) => (l, None),
                         StepLogits::Argmax(id) => (Vec::new(), Some(id)),
+                        StepLogits::Candidates { top, vocab } => {
+                            let history = &m.3.token_ids;
+                            let b = &mut self.backend;
+                            match need::sample_candidates(b, &mut m.2, &top, vocab, history, row) {
+                                Ok(choice) => choice,
+                                Err(e) => {
+                                    on_event(Event::Done {
+                                        index: m.0,
+                                        result: &Err(EngineError::Runtime(e.to_string())),
+                                    });
+                                    continue;
+                                }
+                            }
+                        }
                     };
                     batch.active.push(Active {
                         index: m.0,
@@ -657,6 +662,45 @@ mod tests {
                 3 + i * 2,
                 "request {i} ran to its own max_new_tokens"
             );
+        }
+    }
+
+    #[test]
+    fn sampling_from_device_candidates_equals_sampling_from_full_logits() {
+        // Seeded sampling requests among greedy ones and one that wants log-probabilities,
+        // through a backend that answers sampling rows with 8 candidates: the same tokens as
+        // from full logits. A peaked model is decided by the candidates; a flat one falls
+        // back to the step's full row for every sampling row.
+        let reqs: Vec<GenRequest> = (0..6)
+            .map(|i| {
+                let mut r = req(vec![1, 99, 2 + i], 12, 5 + i as usize);
+                r.logprobs = i == 5;
+                r.top_logprobs = 0;
+                if i % 3 != 0 {
+                    r.params = SamplingParams {
+                        temperature: 0.7,
+                        top_p: 0.9,
+                        seed: Some(i as u64),
+                        ..SamplingParams::greedy()
+                    };
+                }
+                r
+            })
+            .collect();
+        let run = |b: FakeBackend| {
+            let mut e = Engine::new(b, 4, 99);
+            let r = e.run(reqs.clone(), &mut |_| {});
+            let ids: Vec<Vec<u32>> = r.into_iter().map(|g| g.unwrap().token_ids).collect();
+            (ids, e.backend.candidate_rows, e.backend.step_logits_fetches)
+        };
+        for peak in [10.0, 0.05] {
+            let (full, rows, _) = run(FakeBackend::sum(97).peak(peak));
+            assert_eq!(rows, 0);
+            let (cands, rows, fetches) = run(FakeBackend::sum(97).peak(peak).candidates(8));
+            assert_eq!(full, cands, "peak {peak}");
+            assert!(rows > 10, "peak {peak}: {rows} candidate rows");
+            let expected = if peak > 1.0 { 0 } else { rows };
+            assert_eq!(fetches, expected, "peak {peak}");
         }
     }
 

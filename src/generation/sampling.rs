@@ -45,6 +45,7 @@ use serde::Serialize;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod candidates;
 mod loop_guard;
 pub use loop_guard::{detect_loop, find_loop, LoopGuard, LoopMatch};
 
@@ -493,27 +494,31 @@ impl Sampler {
                 *v = clamp_finite(*v as f64 / t);
             }
         }
-        let cands = &self.cands[..kept];
-        let mass: f64 = cands.iter().map(|(w, _)| w).sum();
         // The largest logit has weight exp(0) = 1 and finite logits (see `sanitize`) give
-        // finite weights, so `cands` is never empty and `mass` is finite and >= 1; the
-        // argmax fallback only guards that reasoning.
-        let Some(&last) = cands.last().filter(|_| mass.is_finite() && mass > 0.0) else {
-            let id = argmax(logits);
-            return (id as u32, 0.0);
-        };
-        let u = self.rng.next_f64() * mass;
-        let mut acc = 0.0;
-        let mut chosen = last;
-        for &c in cands {
-            acc += c.0;
-            if u < acc {
-                chosen = c;
-                break;
-            }
+        // finite weights, so the candidates are never empty and their mass is finite and
+        // >= 1; the argmax fallback only guards that reasoning.
+        match draw(&mut self.rng, &self.cands[..kept]) {
+            Some(((w, id), mass)) => (id, (w / mass).ln()),
+            None => (argmax(logits) as u32, 0.0),
         }
-        (chosen.1, (chosen.0 / mass).ln())
     }
+}
+
+/// One draw from `cands` (weight, id) in their order, by inverse CDF with one number of `rng`:
+/// the chosen candidate and the total mass. `None`, with nothing drawn, when there is no
+/// candidate or the mass is not a finite positive number.
+fn draw(rng: &mut Xoshiro256, cands: &[(f64, u32)]) -> Option<((f64, u32), f64)> {
+    let mass: f64 = cands.iter().map(|(w, _)| w).sum();
+    let &last = cands.last().filter(|_| mass.is_finite() && mass > 0.0)?;
+    let u = rng.next_f64() * mass;
+    let mut acc = 0.0;
+    for &c in cands {
+        acc += c.0;
+        if u < acc {
+            return Some((c, mass));
+        }
+    }
+    Some((last, mass))
 }
 
 /// Sorts the front of `cands` by decreasing weight (ties: lower id first) far enough to
@@ -592,7 +597,8 @@ mod tests {
         (0..n).map(|_| (r.next_f64() * 16.0 - 8.0) as f32).collect()
     }
 
-    fn sampler(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> Sampler {
+    /// A seeded sampler with these settings (shared with the candidates' tests).
+    pub(super) fn sampler(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> Sampler {
         Sampler::new(SamplingParams {
             temperature,
             top_p,

@@ -34,6 +34,26 @@ pub enum StepLogits {
     Full(Vec<f32>),
     /// The argmax of the logits (the lowest id on ties).
     Argmax(u32),
+    /// The largest logits with their ids, largest first (lower id first among equal values),
+    /// for a sampler that can draw from them ([`crate::generation::sampling::Sampler::next_from_candidates`]);
+    /// the full logits stay with the backend until the next step ([`Backend::step_logits`]).
+    Candidates {
+        /// `(logit, id)`, largest first.
+        top: Vec<(f32, u32)>,
+        /// The vocabulary size (how many logits the candidates were chosen from).
+        vocab: usize,
+    },
+}
+
+/// What the caller of [`Backend::decode_batch_select`] needs of one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowNeed {
+    /// The whole distribution (log-probabilities, penalties).
+    Full,
+    /// Only the greedy choice.
+    Argmax,
+    /// The sampling candidates, with the full logits on request.
+    Candidates,
 }
 
 /// Encodes images away from the engine's thread: a handle onto a backend's vision encoder
@@ -108,18 +128,27 @@ pub trait Backend {
         None
     }
 
-    /// [`Backend::decode_batch`], where rows with `argmax_only[i]` (greedy, no penalty, no
-    /// log-probabilities) may come back as [`StepLogits::Argmax`]: a backend that picks the
-    /// token on the device then moves only its id to the host. The default returns full
-    /// logits for every row.
+    /// [`Backend::decode_batch`], where `need[i]` says what row `i` needs: a backend that
+    /// picks the greedy token or the sampling candidates on the device moves only those to
+    /// the host ([`StepLogits::Argmax`], [`StepLogits::Candidates`]). The default returns
+    /// full logits for every row.
     fn decode_batch_select(
         &mut self,
         tokens: &[u32],
         caches: Vec<Self::Cache>,
-        argmax_only: &[bool],
+        need: &[RowNeed],
     ) -> Result<(Vec<StepLogits>, Vec<Self::Cache>), BackendError> {
-        let _ = argmax_only;
+        let _ = need;
         let (logits, caches) = self.decode_batch(tokens, caches)?;
         Ok((logits.into_iter().map(StepLogits::Full).collect(), caches))
+    }
+
+    /// The full logits of row `row` of the last [`Backend::decode_batch_select`] step, for a
+    /// row that came back as [`StepLogits::Candidates`] when the candidates did not decide
+    /// the draw. Valid until the next decoder run.
+    fn step_logits(&mut self, row: usize) -> Result<Vec<f32>, BackendError> {
+        Err(BackendError::Invalid(format!(
+            "this backend keeps no logits of the last step (row {row})"
+        )))
     }
 }

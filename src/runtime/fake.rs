@@ -5,10 +5,12 @@
 //! its width, so merged image rows are visible in the output. The next token is a rule over
 //! every input so far (see [`FakeBackend::new`]); its logit is [`FakeBackend::peak`], all
 //! others 0. The other knobs add a delay, a panic or empty logits, a fixed number of cache
-//! slots, an image encoder for a vision stage and an image it refuses; the public counters
-//! say how it was called.
+//! slots, an image encoder for a vision stage, an image it refuses and device-side argmax and
+//! sampling candidates; the public counters say how it was called.
 
-use crate::runtime::backend::{Backend, BackendError, BatchLogits, ImageEncoder};
+use crate::runtime::backend::{
+    Backend, BackendError, BatchLogits, ImageEncoder, RowNeed, StepLogits,
+};
 use ndarray::{Array2, Array4};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +33,12 @@ pub struct FakeBackend {
     offers_encoder: bool,
     refused_width: Option<usize>,
     decodes: usize,
+    candidates: Option<usize>,
+    last_step: Vec<Vec<f32>>,
+    /// Rows answered with sampling candidates, and rows whose full logits were fetched after
+    /// them ([`Backend::step_logits`]).
+    pub candidate_rows: usize,
+    pub step_logits_fetches: usize,
     /// Decoder runs so far: prefills and decode steps (one per sequence).
     pub forwards: usize,
     /// The most sequences one [`Backend::decode_batch`] call has held.
@@ -54,6 +62,10 @@ impl FakeBackend {
             offers_encoder: false,
             refused_width: None,
             decodes: 0,
+            candidates: None,
+            last_step: Vec::new(),
+            candidate_rows: 0,
+            step_logits_fetches: 0,
             forwards: 0,
             max_batch_seen: 0,
         }
@@ -118,6 +130,14 @@ impl FakeBackend {
     /// Images `width` pixels wide fail to encode (on either path).
     pub fn refuse_image_width(mut self, width: usize) -> FakeBackend {
         self.refused_width = Some(width);
+        self
+    }
+
+    /// Answers [`Backend::decode_batch_select`] as a GPU backend does: greedy rows get the
+    /// argmax, sampling rows the `k` largest logits (largest first, lower id first on ties),
+    /// with the step's full logits kept for [`Backend::step_logits`].
+    pub fn candidates(mut self, k: usize) -> FakeBackend {
+        self.candidates = Some(k);
         self
     }
 
@@ -239,5 +259,48 @@ impl Backend for FakeBackend {
             out.push(c);
         }
         Ok((logits, out))
+    }
+
+    fn decode_batch_select(
+        &mut self,
+        tokens: &[u32],
+        caches: Vec<FakeCache>,
+        need: &[RowNeed],
+    ) -> Result<(Vec<StepLogits>, Vec<FakeCache>), BackendError> {
+        let (logits, caches) = self.decode_batch(tokens, caches)?;
+        let Some(k) = self.candidates else {
+            return Ok((logits.into_iter().map(StepLogits::Full).collect(), caches));
+        };
+        let rows = logits
+            .iter()
+            .zip(need)
+            .map(|(l, n)| {
+                let mut top: Vec<(f32, u32)> =
+                    l.iter().enumerate().map(|(i, v)| (*v, i as u32)).collect();
+                top.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                match n {
+                    RowNeed::Argmax => StepLogits::Argmax(top[0].1),
+                    RowNeed::Candidates => {
+                        self.candidate_rows += 1;
+                        top.truncate(k);
+                        StepLogits::Candidates {
+                            top,
+                            vocab: l.len(),
+                        }
+                    }
+                    RowNeed::Full => StepLogits::Full(l.clone()),
+                }
+            })
+            .collect();
+        self.last_step = logits;
+        Ok((rows, caches))
+    }
+
+    fn step_logits(&mut self, row: usize) -> Result<Vec<f32>, BackendError> {
+        self.step_logits_fetches += 1;
+        self.last_step
+            .get(row)
+            .cloned()
+            .ok_or_else(|| BackendError::Invalid(format!("no row {row} in the last step")))
     }
 }

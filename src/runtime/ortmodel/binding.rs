@@ -71,6 +71,9 @@ pub struct KvStats {
     pub step_embed_ns: u64,
     pub step_run_ns: u64,
     pub step_logits_ns: u64,
+    /// Sampling rows whose device candidates did not decide the draw, so their full logits
+    /// were fetched after the step.
+    pub step_logits_fallbacks: u64,
 }
 
 /// Memory the decoder's outputs are bound to.

@@ -21,8 +21,9 @@
 //! inputs are bound with ONNX Runtime's C `BindInput` directly ([`bind_input_in_place`]).
 
 mod graphs;
+mod outputs;
 
-use crate::runtime::backend::{BackendError, StepLogits};
+use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
 use half::f16;
 use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::graph::DType;
@@ -30,6 +31,7 @@ use ort::memory::{Allocator, MemoryInfo};
 use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut};
 use ort::AsPointer;
+use outputs::{rows_out, to_host, Fetch, LastLogits, LogitsAt};
 use std::sync::{Arc, Mutex};
 
 const PART: &str = graph::DECODER_GQA;
@@ -69,6 +71,10 @@ pub(super) struct GqaCache {
     present_names: Vec<String>,
     /// Whether the graph has the `next_token` (argmax) output.
     has_next_token: bool,
+    /// Whether the graph has the sampling candidates (`top_logits`, `top_ids`).
+    has_top: bool,
+    /// The last decode step's logits, for a sampling row that needs them after all.
+    last: Option<LastLogits>,
     /// With CUDA graphs enabled on the session: the options of runs that are not captured.
     no_graph: Option<ort::session::RunOptions>,
     /// CUDA graphs of the decode steps, one per batch bucket ([`graphs`]).
@@ -133,6 +139,11 @@ impl GqaCache {
                 .outputs()
                 .iter()
                 .any(|o| o.name() == tensor::NEXT_TOKEN),
+            has_top: decoder
+                .outputs()
+                .iter()
+                .any(|o| o.name() == tensor::TOP_LOGITS),
+            last: None,
             no_graph: None,
             graphs: None,
         })
@@ -189,9 +200,10 @@ impl GqaCache {
 
     /// Runs the decoder on `embeds [rows, S, hidden]` for slots `first..first + rows`, whose
     /// lengths before the run are `lens` (S new positions each). Returns, for the rows in
-    /// `want` (index into the run's rows, whether its full logits are needed), in that order,
-    /// their logits or only their argmax, and the nanoseconds of the run and of reading the
-    /// results. When no row needs its logits they stay in device memory.
+    /// `want` (index into the run's rows, what it needs), in that order, their logits, argmax
+    /// or sampling candidates, and the nanoseconds of the run and of reading the results.
+    /// When no row needs its full logits they stay in device memory (kept until the next run,
+    /// [`GqaCache::last_step_row`]).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
@@ -201,7 +213,7 @@ impl GqaCache {
         embeds: DynTensor,
         lens: &[usize],
         s: usize,
-        want: &[(usize, bool)],
+        want: &[(usize, RowNeed)],
     ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         match self.elem {
             DType::F16 => self.run_typed::<f16>(decoder, host, first, embeds, lens, s, want),
@@ -218,7 +230,7 @@ impl GqaCache {
         embeds: DynTensor,
         lens: &[usize],
         s: usize,
-        want: &[(usize, bool)],
+        want: &[(usize, RowNeed)],
     ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         let rows = lens.len();
@@ -264,13 +276,21 @@ impl GqaCache {
                 .map_err(rt)?;
             views.push(input);
         }
-        let full = !self.has_next_token || want.iter().any(|(_, f)| *f);
-        let logits_mem = if full { host } else { &self.kv_mem };
+        let fetch = Fetch::plan(want, self.has_next_token, self.has_top);
+        let logits_mem = if fetch.full { host } else { &self.kv_mem };
         b.bind_output_to_device(tensor::LOGITS, logits_mem)
             .map_err(rt)?;
+        // Outputs the graph has must be bound even when this run does not read them.
+        let out_mem = |fetched: bool| if fetched { host } else { &self.kv_mem };
         if self.has_next_token {
-            b.bind_output_to_device(tensor::NEXT_TOKEN, host)
+            b.bind_output_to_device(tensor::NEXT_TOKEN, out_mem(fetch.argmax))
                 .map_err(rt)?;
+        }
+        if self.has_top {
+            for name in [tensor::TOP_LOGITS, tensor::TOP_IDS] {
+                b.bind_output_to_device(name, out_mem(fetch.top))
+                    .map_err(rt)?;
+            }
         }
         b.synchronize_inputs().map_err(rt)?;
         let t = std::time::Instant::now();
@@ -281,37 +301,35 @@ impl GqaCache {
         .map_err(rt)?;
         let run_ns = t.elapsed().as_nanos() as u64;
         let t = std::time::Instant::now();
+        let ex = |e: ort::Error| BackendError::runtime(PART, e);
         let next = match out.remove(tensor::NEXT_TOKEN) {
-            Some(v) => v
-                .try_extract_tensor::<i64>()
-                .map_err(|e| BackendError::runtime(PART, e))?
-                .1
-                .to_vec(),
-            None => Vec::new(),
+            Some(v) if fetch.argmax => v.try_extract_tensor::<i64>().map_err(ex)?.1.to_vec(),
+            _ => Vec::new(),
+        };
+        let (top_v, top_i) = match (out.remove(tensor::TOP_LOGITS), out.remove(tensor::TOP_IDS)) {
+            (Some(v), Some(i)) if fetch.top => {
+                let (shape, v) = v.try_extract_tensor::<f32>().map_err(ex)?;
+                let k = shape[shape.len() - 1] as usize;
+                let i = i.try_extract_tensor::<i64>().map_err(ex)?.1.to_vec();
+                (v.to_vec(), (i, k))
+            }
+            _ => (Vec::new(), (Vec::new(), 0)),
         };
         let logits = out
             .remove(tensor::LOGITS)
-            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?;
-        // One copy of just the rows that need their logits (the graph's are float32).
-        let data = if full {
-            Some(
-                logits
-                    .try_extract_tensor::<f32>()
-                    .map_err(|e| BackendError::runtime(PART, e))?,
-            )
+            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?
+            .downcast::<ort::value::TensorValueType<f32>>()
+            .map_err(ex)?;
+        let vocab = logits.shape()[2] as usize;
+        let data = if fetch.full {
+            Some((logits.extract_tensor().1, vocab))
         } else {
             None
         };
-        let rows_out = want
-            .iter()
-            .map(|&(r, need)| match &data {
-                Some((shape, d)) if need || next.is_empty() => {
-                    let vocab = shape[2] as usize;
-                    StepLogits::Full(d[r * vocab..(r + 1) * vocab].to_vec())
-                }
-                _ => StepLogits::Argmax(next[r] as u32),
-            })
-            .collect();
+        let top = fetch.top.then_some((&top_v[..], &top_i.0[..], top_i.1));
+        let rows_out = rows_out(want, data, &next, top, vocab);
+        // Kept (where the run left them) for a sampling row that needs them after all.
+        self.last = Some(LastLogits::new(LogitsAt::Run(logits), want, vocab));
         let read_ns = t.elapsed().as_nanos() as u64;
         drop(out);
         drop(b);
@@ -330,6 +348,33 @@ impl GqaCache {
                 None => 0,
             })
             .collect()
+    }
+
+    /// Row `row` of the last decode step's logits (see [`LastLogits`]).
+    pub fn last_step_row(&mut self, row: usize) -> Result<Vec<f32>, BackendError> {
+        let last = self
+            .last
+            .as_mut()
+            .ok_or_else(|| BackendError::Invalid("no decode step has run".into()))?;
+        let r = *last.rows.get(row).ok_or_else(|| {
+            BackendError::Invalid(format!("the last decode step had no row {row}"))
+        })?;
+        if last.host.is_none() {
+            last.host = Some(match &last.at {
+                LogitsAt::Run(t) => to_host(t)?,
+                LogitsAt::Bucket(i) => {
+                    let g = self.graphs.as_ref().ok_or_else(|| {
+                        BackendError::Invalid("CUDA graphs are off: no bucket logits".into())
+                    })?;
+                    to_host(g.bucket_logits(*i))?
+                }
+            });
+        }
+        let host = last.host.as_deref().expect("copied above");
+        let vocab = last.vocab;
+        host.get(r * vocab..(r + 1) * vocab)
+            .map(<[f32]>::to_vec)
+            .ok_or_else(|| BackendError::Invalid(format!("no logits row {r}")))
     }
 
     /// Records that slot `i` now holds `len` positions.
@@ -389,7 +434,7 @@ impl super::OrtModel {
             e,
             &[cache.len],
             s,
-            &[(0, true)],
+            &[(0, RowNeed::Full)],
         )?;
         cache.len += s;
         g.set_len(slot, cache.len);
@@ -401,12 +446,13 @@ impl super::OrtModel {
     }
 
     /// [`crate::runtime::backend::Backend::decode_batch_select`] on the GQA path: one run over slots
-    /// `0..=highest` of the step's sequences; rows with `argmax_only` get the device's argmax.
+    /// `0..=highest` of the step's sequences; each row gets what `need` says (full logits
+    /// where `need` is shorter than the step).
     pub(super) fn gqa_decode_batch(
         &mut self,
         tokens: &[u32],
         mut caches: Vec<super::OrtCache>,
-        argmax_only: &[bool],
+        need: &[RowNeed],
     ) -> Result<(Vec<StepLogits>, Vec<super::OrtCache>), BackendError> {
         let step = caches
             .iter()
@@ -424,10 +470,10 @@ impl super::OrtModel {
         for ((slot, _), t) in step.iter().zip(tokens) {
             ids[*slot] = *t;
         }
-        let want: Vec<(usize, bool)> = step
+        let want: Vec<(usize, RowNeed)> = step
             .iter()
             .enumerate()
-            .map(|(i, (slot, _))| (*slot, !argmax_only.get(i).copied().unwrap_or(false)))
+            .map(|(i, (slot, _))| (*slot, need.get(i).copied().unwrap_or(RowNeed::Full)))
             .collect();
         let g = self.gqa.as_mut().expect("the GQA path has its cache");
         if g.graphs_enabled() {

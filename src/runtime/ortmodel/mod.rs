@@ -24,7 +24,7 @@ use vision::{encode, VisionHandle};
 pub use binding::{KvPath, KvStats};
 pub use kv::OrtCache;
 
-use crate::runtime::backend::{Backend, BackendError, ImageEncoder, StepLogits};
+use crate::runtime::backend::{Backend, BackendError, ImageEncoder, RowNeed, StepLogits};
 use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
 use kv::{BatchKv, KvDims};
@@ -510,13 +510,21 @@ impl Backend for OrtModel {
         &mut self,
         tokens: &[u32],
         caches: Vec<OrtCache>,
-        argmax_only: &[bool],
+        need: &[RowNeed],
     ) -> Result<(Vec<StepLogits>, Vec<OrtCache>), BackendError> {
         if self.gqa.is_some() {
-            return self.gqa_decode_batch(tokens, caches, argmax_only);
+            return self.gqa_decode_batch(tokens, caches, need);
         }
         let (logits, caches) = self.decode_batch(tokens, caches)?;
         Ok((logits.into_iter().map(StepLogits::Full).collect(), caches))
+    }
+
+    fn step_logits(&mut self, row: usize) -> Result<Vec<f32>, BackendError> {
+        let g = self.gqa.as_mut().ok_or_else(|| {
+            BackendError::Invalid("the merged decoder returns full logits only".into())
+        })?;
+        self.stats.step_logits_fallbacks += 1;
+        g.last_step_row(row)
     }
 
     fn decode_batch(
@@ -530,7 +538,7 @@ impl Backend for OrtModel {
                 .into_iter()
                 .map(|r| match r {
                     StepLogits::Full(l) => l,
-                    StepLogits::Argmax(_) => unreachable!("full logits were asked for"),
+                    _ => unreachable!("full logits were asked for"),
                 })
                 .collect();
             return Ok((logits, caches));

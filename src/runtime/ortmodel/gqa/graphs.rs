@@ -28,8 +28,9 @@
 //! captured at load (ONNX Runtime runs a graph id twice, then captures the third run), before
 //! any sequence exists.
 
+use super::outputs::{rows_out, Fetch, LastLogits, LogitsAt};
 use super::{bind_input_in_place, GqaCache, PART};
-use crate::runtime::backend::{BackendError, StepLogits};
+use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
 use half::f16;
 use ocrctl_exporters::contract::tensor;
 use ocrctl_exporters::graph::DType;
@@ -54,8 +55,25 @@ struct Bucket {
     next: Option<Tensor<i64>>,
     host_logits: Tensor<f32>,
     host_next: Option<Tensor<i64>>,
+    /// The sampling candidates, when the graph has them.
+    top: Option<Candidates>,
     /// The KV views bound as past inputs (bound by pointer: they must outlive the binding).
     _past: Vec<Box<dyn std::any::Any>>,
+}
+
+impl DecodeGraphs {
+    /// The fixed logits buffer of bucket `i`.
+    pub fn bucket_logits(&self, i: usize) -> &Tensor<f32> {
+        &self.buckets[i].logits
+    }
+}
+
+/// A bucket's `top_logits`/`top_ids` buffers on the device and their host copies.
+struct Candidates {
+    values: Tensor<f32>,
+    ids: Tensor<i64>,
+    host_values: Tensor<f32>,
+    host_ids: Tensor<i64>,
 }
 
 /// Bucket sizes for `slots` sequences: powers of two below it, then `slots`.
@@ -107,11 +125,21 @@ impl GqaCache {
                 next: None,
                 host_logits: Tensor::new(&host, [r, 1, vocab as i64]).map_err(rt)?,
                 host_next: None,
+                top: None,
                 _past: Vec::new(),
             };
             if self.has_next_token {
                 b.next = Some(Tensor::new(&alloc, [r, 1]).map_err(rt)?);
                 b.host_next = Some(Tensor::new(&host, [r, 1]).map_err(rt)?);
+            }
+            if self.has_top {
+                let k = tensor::SAMPLING_CANDIDATES.min(vocab) as i64;
+                b.top = Some(Candidates {
+                    values: Tensor::new(&alloc, [r, 1, k]).map_err(rt)?,
+                    ids: Tensor::new(&alloc, [r, 1, k]).map_err(rt)?,
+                    host_values: Tensor::new(&host, [r, 1, k]).map_err(rt)?,
+                    host_ids: Tensor::new(&host, [r, 1, k]).map_err(rt)?,
+                });
             }
             match self.elem {
                 DType::F16 => self.bind_bucket::<f16>(&mut b, hidden)?,
@@ -214,6 +242,28 @@ impl GqaCache {
                 .bind_output(tensor::NEXT_TOKEN, view)
                 .map_err(rt)?;
         }
+        if let Some(top) = b.top.as_mut() {
+            let values = unsafe {
+                TensorRefMut::<f32>::from_raw(
+                    self.kv_mem.clone(),
+                    top.values.data_ptr_mut().cast(),
+                    top.values.shape().to_vec().into(),
+                )
+            }
+            .map_err(rt)?;
+            b.binding
+                .bind_output(tensor::TOP_LOGITS, values)
+                .map_err(rt)?;
+            let ids = unsafe {
+                TensorRefMut::<i64>::from_raw(
+                    self.kv_mem.clone(),
+                    top.ids.data_ptr_mut().cast(),
+                    top.ids.shape().to_vec().into(),
+                )
+            }
+            .map_err(rt)?;
+            b.binding.bind_output(tensor::TOP_IDS, ids).map_err(rt)?;
+        }
         Ok(())
     }
 
@@ -231,7 +281,7 @@ impl GqaCache {
         embed: &mut Session,
         ids: &[u32],
         lens: &[usize],
-        want: &[(usize, bool)],
+        want: &[(usize, RowNeed)],
     ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         match self.elem {
             DType::F16 => self.graph_step_typed::<f16>(decoder, embed, ids, lens, want),
@@ -245,7 +295,7 @@ impl GqaCache {
         embed: &mut Session,
         ids: &[u32],
         lens: &[usize],
-        want: &[(usize, bool)],
+        want: &[(usize, RowNeed)],
     ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         for l in lens {
@@ -264,11 +314,12 @@ impl GqaCache {
         let kv_mem = self.kv_mem.clone();
         let g = self.graphs.as_mut().expect("graphs are enabled");
         let hidden = g.hidden;
-        let b = g
+        let index = g
             .buckets
-            .iter_mut()
-            .find(|b| b.rows >= lens.len())
+            .iter()
+            .position(|b| b.rows >= lens.len())
             .ok_or_else(|| BackendError::runtime(PART, "more rows than KV cache slots"))?;
+        let b = &mut g.buckets[index];
         let rows = b.rows;
         let mut all_lens = lens.to_vec();
         all_lens.extend_from_slice(&extra[..rows - lens.len()]);
@@ -304,29 +355,30 @@ impl GqaCache {
         let run_ns = t.elapsed().as_nanos() as u64;
 
         let t = std::time::Instant::now();
-        let full = b.next.is_none() || want.iter().any(|(_, f)| *f);
-        if full {
+        let fetch = Fetch::plan(want, b.next.is_some(), b.top.is_some());
+        if fetch.full {
             b.logits.copy_into(&mut b.host_logits).map_err(rt)?;
         }
         let next: Vec<i64> = match (&b.next, &mut b.host_next) {
-            (Some(dev), Some(host)) => {
+            (Some(dev), Some(host)) if fetch.argmax => {
                 dev.copy_into(&mut *host).map_err(rt)?;
                 host.extract_tensor().1.to_vec()
             }
             _ => Vec::new(),
         };
+        if let Some(top) = b.top.as_mut().filter(|_| fetch.top) {
+            top.values.copy_into(&mut top.host_values).map_err(rt)?;
+            top.ids.copy_into(&mut top.host_ids).map_err(rt)?;
+        }
+        let top = b.top.as_ref().filter(|_| fetch.top).map(|c| {
+            let (shape, v) = c.host_values.extract_tensor();
+            (v, c.host_ids.extract_tensor().1, shape[2] as usize)
+        });
         let (shape, data) = b.host_logits.extract_tensor();
         let vocab = shape[2] as usize;
-        let out = want
-            .iter()
-            .map(|&(r, need)| {
-                if full && (need || next.is_empty()) {
-                    StepLogits::Full(data[r * vocab..(r + 1) * vocab].to_vec())
-                } else {
-                    StepLogits::Argmax(next[r] as u32)
-                }
-            })
-            .collect();
+        let logits = fetch.full.then_some((data, vocab));
+        let out = rows_out(want, logits, &next, top, vocab);
+        self.last = Some(LastLogits::new(LogitsAt::Bucket(index), want, vocab));
         Ok((out, run_ns, t.elapsed().as_nanos() as u64))
     }
 }

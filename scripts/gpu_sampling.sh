@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Sampling from the device's candidates on the GPU machine, one call (issue 9.3): the
+# fixture's greedy CUDA parity with the new decoder outputs bound, seeded sampling on CUDA
+# through the candidates against the same requests through full logits (--top-logprobs
+# fetches them), then the dummy full-size model benchmarked with sampling through one binary
+# on two exports: P (made before the candidates: its decoder has no top_logits, so sampling
+# rows copy the full logits to the host, the old path) and B (with them). Results to $OUT.
+# Carry ONNX Runtime's GPU parts as for scripts/gpu_graphs.sh, with .ortgpu/ocrctl.zst (B)
+# and .ortgpu/ocrctl-prev.zst (the binary that makes P's export).
+# Knobs: BATCHES (1,32,128), NEW_TOKENS (256).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p /opt/ortgpu "$OUT"
+export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
+[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
+for v in prev b; do
+  src=.ortgpu/ocrctl$([ $v = prev ] && echo -prev).zst
+  [ -x /opt/ortparts/ocrctl-$v ] || { /opt/ortparts/zstd -dcq $src -o /opt/ortparts/ocrctl-$v && chmod +x /opt/ortparts/ocrctl-$v; }
+done
+B=/opt/ortparts/ocrctl-b
+FX=tests/fixtures/tiny-lightonocr
+rm -rf /tmp/fixture-b
+$B export --checkpoint $FX/checkpoint --out /tmp/fixture-b --precision fp16 >/dev/null
+CUDA="--decoder gqa --precision fp16 --providers cuda --strict-providers --json --quiet --batch-size 3 --max-tokens 40 --ignore-eos"
+for g in off on; do
+  echo "== fixture greedy parity, CUDA graphs $g"
+  $B ocr --model /tmp/fixture-b $CUDA --cuda-graphs $g --temperature 0 --top-logprobs 5 $FX/images/* \
+    2>"$OUT/greedy-$g.log" | python3 scripts/check_golden.py $FX/golden/golden.json 0.05 || echo "PARITY FAILED (graphs $g)"
+  for path in candidates full; do
+    $B ocr --model /tmp/fixture-b $CUDA --cuda-graphs $g --temperature 0.2 --top-p 0.9 --seed 11 \
+      $([ $path = full ] && echo --top-logprobs 1) $FX/images/* 2>"$OUT/sample-$g-$path.log" > "/tmp/sample-$g-$path.jsonl"
+  done
+  python3 - /tmp/sample-$g-candidates.jsonl /tmp/sample-$g-full.jsonl $g <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+same = sum(x.get("text") == y.get("text") for x, y in zip(a, b))
+print(f"graphs {sys.argv[3]}: {same}/{len(a)} sampled pages read the same through the candidates and through full logits")
+PY
+done
+/opt/ortparts/ocrctl-prev export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-p --precision fp16 --decoder gqa 2>&1 | tail -1
+$B export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-b --precision fp16 --decoder gqa 2>&1 | tail -1
+for cfg in "greedy:--temperature 0" "t02p09:--temperature 0.2 --top-p 0.9" "t02p09k50:--temperature 0.2 --top-p 0.9 --top-k 50"; do
+  name=${cfg%%:*}; args=${cfg#*:}
+  for v in p b; do
+    echo "== $name, export $v"
+    $B bench --model /tmp/dummy-$v --precision fp16 --decoder gqa --providers cuda --strict-providers \
+      --cuda-graphs on --vision-stage on --sizes 1092x1540 --runs 1 --new-tokens "${NEW_TOKENS:-256}" \
+      --batch-sizes "${BATCHES:-1,32,128}" $args --json-out "$OUT/bench-$name-$v.json" 2>&1 \
+      | tee "$OUT/bench-$name-$v.txt" | grep -E "sweep samples|^ +[0-9]+ +[0-9]+ +1092"
+  done
+done
