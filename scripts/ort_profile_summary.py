@@ -7,7 +7,11 @@ Runtime records is the host-side launch span of each node (asynchronous kernels)
 with nsys where the two differ.
 
 Usage: scripts/ort_profile_summary.py TRACE.json [...] [--top 15] [--skip-runs 1]
-       [--runs-under-ms MS] [--runs-over-ms MS]
+       [--runs-under-ms MS] [--runs-over-ms MS] [--decode-rows N] [--prefill]
+
+--decode-rows N counts only decode steps of N rows: runs whose GroupQueryAttention query input
+is [N, 1, hidden]; --prefill only prompts (query length > 1). ONNX Runtime records each node's
+input shapes in its event.
 """
 import argparse
 import bisect
@@ -16,7 +20,22 @@ import json
 import statistics
 
 
-def summarise(path, top, skip, under_ms, over_ms=None):
+def query_starts(events, wanted):
+    """Start times of the GroupQueryAttention nodes whose query shape [B, S, hidden] `wanted`
+    accepts (ONNX Runtime records each node's input shapes in its event)."""
+    starts = []
+    for e in events:
+        a = e.get("args", {})
+        if e.get("cat") != "Node" or a.get("op_name") != "GroupQueryAttention":
+            continue
+        shapes = a.get("input_type_shape") or [{}]
+        dims = next(iter(shapes[0].values()), [])
+        if len(dims) == 3 and wanted(dims):
+            starts.append(e["ts"])
+    return starts
+
+
+def summarise(path, top, skip, under_ms, over_ms=None, decode_rows=None, prefill=False):
     events = json.load(open(path))
     runs = sorted(
         (e["ts"], e["dur"])
@@ -31,6 +50,14 @@ def summarise(path, top, skip, under_ms, over_ms=None):
         for r in runs[skip:]
         if (under_ms is None or r[1] < under_ms * 1e3) and (over_ms is None or r[1] > over_ms * 1e3)
     ]
+    wanted = None
+    if decode_rows is not None:
+        wanted = lambda d: d[0] == decode_rows and d[1] == 1
+    elif prefill:
+        wanted = lambda d: d[1] > 1
+    if wanted is not None:
+        starts = query_starts(events, wanted)
+        kept = [r for r in kept if any(r[0] <= t <= r[0] + r[1] for t in starts)]
     print(f"== {path}")
     if not kept:
         print("no runs counted")
@@ -68,9 +95,11 @@ def main():
     p.add_argument("--skip-runs", type=int, default=1)
     p.add_argument("--runs-under-ms", type=float, help="count only runs shorter than this")
     p.add_argument("--runs-over-ms", type=float, help="count only runs longer than this")
+    p.add_argument("--decode-rows", type=int, help="count only decode steps of this many rows")
+    p.add_argument("--prefill", action="store_true", help="count only prompt runs (query length > 1)")
     a = p.parse_args()
     for t in a.traces:
-        summarise(t, a.top, a.skip_runs, a.runs_under_ms, a.runs_over_ms)
+        summarise(t, a.top, a.skip_runs, a.runs_under_ms, a.runs_over_ms, a.decode_rows, a.prefill)
 
 
 if __name__ == "__main__":

@@ -276,9 +276,10 @@ fn a_request_too_long_for_the_cache_fails_alone() {
 /// The `--target ort` graphs that the parity tests above check carry ONNX Runtime's fused
 /// kernels: the vision encoder's 2-D RoPE as `RotaryEmbedding` (no Split/Neg/Concat rotation
 /// left), and every residual sum with the RMSNorm after it as one
-/// `SkipSimplifiedLayerNormalization`, in the vision encoder and the GQA decoder alike.
+/// `SkipSimplifiedLayerNormalization`, in the vision encoder and the GQA decoder alike; the
+/// decoders multiply Q/K/V and gate/up as one matrix each.
 #[test]
-fn ort_graphs_fuse_rotary_and_residual_norms() {
+fn ort_graphs_fuse_rotary_and_residual_norms_and_pack_projections() {
     let m = ocrctl_exporters::export::Manifest::load(export()).unwrap();
     let (vl, tl) = (m.model.vision.num_layers, m.model.text.num_layers);
     for precision in [Precision::Fp32, Precision::Fp16] {
@@ -304,6 +305,17 @@ fn ort_graphs_fuse_rotary_and_residual_norms() {
             count("decoder_gqa", "com.microsoft.GroupQueryAttention"),
             tl
         );
+        // Q/K/V and gate/up packed (`layers::linears_packed`): per layer one MatMul each for
+        // QKV, o_proj, gate/up and down_proj (the merged decoder two more, for its scores
+        // and their weighted sum), one Split for QKV and one for gate/up (the merged decoder
+        // two more, for its explicit RoPE's halves); plus the lm_head. The vision encoder's
+        // many patches keep one MatMul per Linear.
+        for (decoder, matmuls, splits) in [("decoder_gqa", 4, 2), ("decoder_model_merged", 6, 4)] {
+            let what = format!("{precision:?} {decoder}");
+            assert_eq!(count(decoder, "MatMul"), matmuls * tl + 1, "{what}");
+            assert_eq!(count(decoder, "Split"), splits * tl, "{what}");
+        }
+        assert_eq!(count(vision, "Split"), 0, "{precision:?}");
     }
 }
 

@@ -60,10 +60,11 @@ fn ort_fuses_dequantize_matmul_into_matmulnbits_on_cpu() {
     let out = d.path().join("q");
     export_fixture(&out, &["--precision", "int4"]);
     let cfg = Manifest::load(&out).unwrap().model;
-    // Quantized Linears: 7 per vision layer + 3 in the projector; 7 per decoder layer + lm_head.
+    // Quantized Linears: 7 per vision layer + 3 in the projector; 4 per decoder layer (Q/K/V
+    // and gate/up packed into one matrix each, `layers::linears_packed`) + lm_head.
     let expect = [
         ("vision_encoder_q4.onnx", 7 * cfg.vision.num_layers + 3),
-        ("decoder_model_merged_q4.onnx", 7 * cfg.text.num_layers + 1),
+        ("decoder_model_merged_q4.onnx", 4 * cfg.text.num_layers + 1),
     ];
     for (file, n) in expect {
         let raw = std::fs::read(out.join("onnx").join(file)).unwrap();

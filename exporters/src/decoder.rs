@@ -234,20 +234,16 @@ pub(crate) fn qkv_normed(
 ) -> Result<(Value, Value, Value), ExportError> {
     let t = &cfg.text;
     let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
-    let proj = |g: &mut Graph, name: &str, out: usize| {
-        layers::linear(
-            g,
-            e,
-            w,
-            hn,
-            &format!("{pre}.self_attn.{name}.weight"),
-            out,
-            d,
-        )
-    };
-    let q = proj(g, "q_proj", nh * hd)?;
-    let k = proj(g, "k_proj", kvh * hd)?;
-    let v = proj(g, "v_proj", kvh * hd)?;
+    let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{pre}.self_attn.{n}.weight"));
+    let parts = [
+        (names[0].as_str(), nh * hd),
+        (names[1].as_str(), kvh * hd),
+        (names[2].as_str(), kvh * hd),
+    ];
+    let packed = format!("{pre}.self_attn.qkv_proj.weight");
+    let [q, k, v]: [Value; 3] = layers::linears_packed(g, e, w, hn, &packed, &parts, d)?
+        .try_into()
+        .expect("three parts");
     let q = g.op("Reshape", &[&q, q_shape], &[]);
     let k = g.op("Reshape", &[&k, kv_shape], &[]);
     let v = g.op("Reshape", &[&v, kv_shape], &[]);
@@ -316,6 +312,7 @@ pub(crate) fn mlp(
         t.hidden_size,
         t.intermediate_size,
         "silu",
+        true,
     )
 }
 

@@ -91,24 +91,98 @@ pub fn linear(
     out: usize,
     inp: usize,
 ) -> Result<Value, ExportError> {
-    if e.calibrate {
-        let shape = g.const_i64(&[-1, inp as i64]);
-        let flat = g.op("Reshape", &[x, &shape], &[]);
-        let out = format!("{CALIB_PREFIX}{name}");
-        g.output(
-            &flat,
-            &out,
-            e.act,
-            &[Dim::Named(format!("rows_{name}")), Dim::Fixed(inp as i64)],
-        );
+    calibration_output(g, e, x, name, inp);
+    let v = w.get(name, &[out, inp])?;
+    matmul(g, e, x, name, &v, out, inp)
+}
+
+/// Several Linears of the same input as one: on [`Target::Ort`] their weights are stacked
+/// into one `[in, Σout]` matrix (`packed`), multiplied once and `Split` into the parts, in
+/// `parts` order. Why: a decode step multiplies a few rows by each matrix, and such skinny
+/// GEMMs are bound by their launch and by how few tiles they give the GPU, not by the
+/// weights: one wider GEMM and a `Split` cost less than two or three narrow ones (Qwen3's
+/// Q/K/V and gate/up). Each output column is the same dot product as before, and INT4 blocks
+/// run along the input axis per output column, so the quantized weights are those of the
+/// parts side by side. TensorRT fuses such GEMMs itself, and calibration graphs need each
+/// Linear's input under its own name, so both keep one MatMul per Linear.
+pub fn linears_packed(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    x: &Value,
+    packed: &str,
+    parts: &[(&str, usize)],
+    inp: usize,
+) -> Result<Vec<Value>, ExportError> {
+    if e.target != Target::Ort || e.calibrate || parts.len() < 2 {
+        return parts
+            .iter()
+            .map(|&(name, out)| linear(g, e, w, x, name, out, inp))
+            .collect();
     }
+    let mut v = Vec::new();
+    for &(name, out) in parts {
+        v.extend(w.get(name, &[out, inp])?);
+    }
+    let total = parts.iter().map(|p| p.1).sum();
+    let y = matmul(g, e, x, packed, &v, total, inp)?;
+    let sizes: Vec<i64> = parts.iter().map(|p| p.1 as i64).collect();
+    let sizes = g.const_i64(&sizes);
+    Ok(g.op_multi(
+        "Split",
+        &[&y, &sizes],
+        &[("axis", Attr::Int(-1))],
+        parts.len(),
+    ))
+}
+
+/// With [`Emit::calibrate`], exposes `x` (the input of Linear `name`) as the output
+/// `calib.<name>` `[rows, in]`.
+fn calibration_output(g: &mut Graph, e: Emit, x: &Value, name: &str, inp: usize) {
+    if !e.calibrate {
+        return;
+    }
+    let shape = g.const_i64(&[-1, inp as i64]);
+    let flat = g.op("Reshape", &[x, &shape], &[]);
+    let out = format!("{CALIB_PREFIX}{name}");
+    g.output(
+        &flat,
+        &out,
+        e.act,
+        &[Dim::Named(format!("rows_{name}")), Dim::Fixed(inp as i64)],
+    );
+}
+
+/// `x · Wᵀ` for the `[out, in]` matrix `v`, stored under `name`: as INT4 with
+/// [`Emit::quant`] (the lm_head only if the quantization says so), else in the activation dtype.
+fn matmul(
+    g: &mut Graph,
+    e: Emit,
+    x: &Value,
+    name: &str,
+    v: &[f32],
+    out: usize,
+    inp: usize,
+) -> Result<Value, ExportError> {
     match e.quant {
-        Some(q) if q.lm_head || !is_lm_head(name) => linear_int4(g, e, q, w, x, name, out, inp),
+        Some(q) if q.lm_head || !is_lm_head(name) => linear_int4(g, e, q, x, name, v, out, inp),
         _ => {
-            let wt = transposed_weight(g, e, w, name, out, inp)?;
+            let t = transpose(v, out, inp);
+            let wt = g.weight(name, e.act, &[inp as i64, out as i64], &t)?;
             Ok(g.op("MatMul", &[x, &wt], &[]))
         }
     }
+}
+
+/// `[out, in]` → `[in, out]`.
+fn transpose(v: &[f32], out: usize, inp: usize) -> Vec<f32> {
+    let mut t = vec![0f32; v.len()];
+    for o in 0..out {
+        for i in 0..inp {
+            t[i * out + o] = v[o * inp + i];
+        }
+    }
+    t
 }
 
 /// Whether `name` is the output projection (`lm_head.weight` or the tied embeddings).
@@ -121,20 +195,14 @@ fn linear_int4(
     g: &mut Graph,
     e: Emit,
     q: Quant,
-    w: &dyn Weights,
     x: &Value,
     name: &str,
+    v: &[f32],
     out: usize,
     inp: usize,
 ) -> Result<Value, ExportError> {
     crate::quant::check_block_size(q.block_size, inp, name).map_err(ExportError::Invalid)?;
-    let v = w.get(name, &[out, inp])?;
-    let mut t = vec![0f32; v.len()];
-    for o in 0..out {
-        for i in 0..inp {
-            t[i * out + o] = v[o * inp + i];
-        }
-    }
+    let t = transpose(v, out, inp);
     let bq = crate::quant::quantize(&t, inp, out, q.block_size);
     let blocks = (inp / q.block_size) as i64;
     match q.format {
@@ -190,25 +258,6 @@ fn linear_int4(
             ))
         }
     }
-}
-
-/// Loads `[out, in]` and writes it as an `[in, out]` initializer named `name`.
-pub fn transposed_weight(
-    g: &mut Graph,
-    e: Emit,
-    w: &dyn Weights,
-    name: &str,
-    out: usize,
-    inp: usize,
-) -> Result<Value, ExportError> {
-    let v = w.get(name, &[out, inp])?;
-    let mut t = vec![0f32; v.len()];
-    for o in 0..out {
-        for i in 0..inp {
-            t[i * out + o] = v[o * inp + i];
-        }
-    }
-    g.weight(name, e.act, &[inp as i64, out as i64], &t)
 }
 
 /// A 1-D weight such as a norm scale.
@@ -322,6 +371,9 @@ pub fn gelu(g: &mut Graph, e: Emit, x: &Value) -> Value {
 }
 
 /// Gated MLP: `down(act(gate(x)) * up(x))` with `act` = `silu` (SwiGLU) or exact `gelu`.
+/// `pack` multiplies gate and up as one matrix on [`Target::Ort`] ([`linears_packed`]):
+/// worth it for the few rows of a decode step, not for thousands of image patches, whose
+/// GEMMs already fill the GPU and whose `Split` would copy the whole activation once more.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_mlp(
     g: &mut Graph,
@@ -332,25 +384,22 @@ pub fn gated_mlp(
     hidden: usize,
     inter: usize,
     act: &str,
+    pack: bool,
 ) -> Result<Value, ExportError> {
-    let gate = linear(
-        g,
-        e,
-        w,
-        x,
-        &format!("{prefix}.gate_proj.weight"),
-        inter,
-        hidden,
-    )?;
-    let up = linear(
-        g,
-        e,
-        w,
-        x,
-        &format!("{prefix}.up_proj.weight"),
-        inter,
-        hidden,
-    )?;
+    let gate_name = format!("{prefix}.gate_proj.weight");
+    let up_name = format!("{prefix}.up_proj.weight");
+    let (gate, up) = if pack {
+        let packed = format!("{prefix}.gate_up_proj.weight");
+        let parts = [(gate_name.as_str(), inter), (up_name.as_str(), inter)];
+        let mut gu = linears_packed(g, e, w, x, &packed, &parts, hidden)?;
+        let up = gu.pop().expect("two parts");
+        (gu.pop().expect("two parts"), up)
+    } else {
+        (
+            linear(g, e, w, x, &gate_name, inter, hidden)?,
+            linear(g, e, w, x, &up_name, inter, hidden)?,
+        )
+    };
     let a = match act {
         "silu" => silu(g, &gate),
         "gelu" => gelu(g, e, &gate),

@@ -257,6 +257,7 @@ pub fn build(
                     d,
                     v.intermediate_size,
                     &v.hidden_act,
+                    false,
                 )?;
                 Ok((x1, m))
             },
