@@ -6,12 +6,8 @@
 # Knobs: PREC (fp16), DEC (gqa), SIZES (1092x1540), BATCHES (1,32,128), NEW_TOKENS (1024).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-for b in ocrctl ocrctl-a; do
-  [ -x /opt/ortparts/$b ] || { /opt/ortparts/zstd -dcq .ortgpu/$b.zst -o /opt/ortparts/$b && chmod +x /opt/ortparts/$b; }
-done
+. scripts/gpu_env.sh
+ocrctl_bin ocrctl-a.zst ocrctl-a >/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 /opt/ortparts/ocrctl doctor 2>&1 | tee "$OUT/doctor.txt"
 bash scripts/gpu_parity.sh 2>&1 | tee "$OUT/parity.txt" || echo "PARITY FAILED" | tee -a "$OUT/parity.txt"

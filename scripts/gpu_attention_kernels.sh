@@ -5,11 +5,7 @@
 # Needs ONNX Runtime's GPU parts and ocrctl.zst as for scripts/gpu_graphs.sh.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-BIN=/opt/ortparts/ocrctl
-[ -x $BIN ] || { /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN; }
+. scripts/gpu_env.sh
 M=/tmp/dummy-fp16
 [ -d $M ] || $BIN export --checkpoint dummy:lightonocr-2-1b --out $M --precision fp16 --decoder gqa 2>&1 | tail -1
 for cfg in default ORT_DISABLE_FLASH_ATTENTION=1 ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION=1 \

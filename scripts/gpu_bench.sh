@@ -5,11 +5,8 @@
 # Carry: target/release/ocrctl.
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-if [ ! -f /opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1 ]; then
-  cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-fi
 BIN=./target/release/ocrctl
+. scripts/gpu_env.sh
 M=/tmp/dummy
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 [ -d $M ] || $BIN export --checkpoint dummy:lightonocr-2-1b --out $M --precision ${PRECISIONS:-fp16,int4-fp16} 2>&1 | tail -8 | tee "$OUT/export.txt"

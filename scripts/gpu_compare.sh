@@ -14,15 +14,8 @@
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/gpu-results
-mkdir -p /opt/ortgpu "$OUT" "$RES"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-if [ ! -f "$OCRCTL_ORT_LIB" ]; then
-  cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-fi
-BIN=/opt/ortparts/ocrctl
-if [ ! -x $BIN ]; then
-  /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN
-fi
+mkdir -p "$RES"
+. scripts/gpu_env.sh
 M=/tmp/dummy
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/gpu.txt"
 if [ ! -f $M/onnx/decoder_model_gqa_q4f16.onnx ]; then

@@ -9,15 +9,9 @@
 # Knobs: SIZES (1092x1540,1540x1540), BATCHES (1,32,128), NEW_TOKENS (512), ROUNDS (2).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-for v in a b; do
-  src=.ortgpu/ocrctl$([ $v = a ] && echo -a).zst
-  [ -x /opt/ortparts/ocrctl-$v ] || { /opt/ortparts/zstd -dcq $src -o /opt/ortparts/ocrctl-$v && chmod +x /opt/ortparts/ocrctl-$v; }
-done
-A=/opt/ortparts/ocrctl-a
-B=/opt/ortparts/ocrctl-b
+. scripts/gpu_env.sh
+A=$(ocrctl_bin ocrctl-a.zst ocrctl-a)
+B=$(ocrctl_bin ocrctl.zst ocrctl-b)
 FX=tests/fixtures/tiny-lightonocr
 rm -rf /tmp/fixture-b
 $B export --checkpoint $FX/checkpoint --out /tmp/fixture-b --precision fp16 >/dev/null

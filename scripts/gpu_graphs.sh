@@ -7,11 +7,7 @@
 # Knobs: SIZES (1092x1540), BATCHES (1,8,32,64), NEW_TOKENS (512), ROUNDS (1).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-BIN=/opt/ortparts/ocrctl
-[ -x $BIN ] || { /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN; }
+. scripts/gpu_env.sh
 FX=tests/fixtures/tiny-lightonocr
 M=/tmp/fixture-export
 rm -rf $M

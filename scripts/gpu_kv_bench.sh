@@ -14,12 +14,8 @@
 # device path could not be used (the run still completes on the host path).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-if [ ! -f "$OCRCTL_ORT_LIB" ]; then
-  cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-fi
 BIN=./target/release/ocrctl
+. scripts/gpu_env.sh
 M=/tmp/dummy
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 if [ ! -f $M/onnx/decoder_model_merged_fp16.onnx ]; then

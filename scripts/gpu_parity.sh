@@ -8,11 +8,7 @@
 # says (the fixture's, like LightOnOCR's: temperature 0.2), which picks the second token at
 # the fixture's near-ties now and then. Knobs: BIN (/opt/ortparts/ocrctl).
 set -euo pipefail
-mkdir -p /opt/ortgpu
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-BIN=${BIN:-/opt/ortparts/ocrctl}
-[ -x $BIN ] || { /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN; }
+. scripts/gpu_env.sh
 FX=tests/fixtures/tiny-lightonocr
 M=/tmp/fixture-export
 rm -rf $M

@@ -9,11 +9,7 @@
 # nodes from the profiler), DECODE_ROWS (0; N profiles decode steps of N rows too).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-BIN=/opt/ortparts/ocrctl
-[ -x $BIN ] || { /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN; }
+. scripts/gpu_env.sh
 P=${PRECISION:-fp16}
 M=/tmp/dummy-$P
 [ -d $M ] || $BIN export --checkpoint dummy:lightonocr-2-1b --out $M --precision $P --decoder gqa 2>&1 | tail -1

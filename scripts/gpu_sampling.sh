@@ -10,14 +10,9 @@
 # Knobs: BATCHES (1,32,128), NEW_TOKENS (256).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-for v in prev b; do
-  src=.ortgpu/ocrctl$([ $v = prev ] && echo -prev).zst
-  [ -x /opt/ortparts/ocrctl-$v ] || { /opt/ortparts/zstd -dcq $src -o /opt/ortparts/ocrctl-$v && chmod +x /opt/ortparts/ocrctl-$v; }
-done
-B=/opt/ortparts/ocrctl-b
+. scripts/gpu_env.sh
+ocrctl_bin ocrctl-prev.zst ocrctl-prev >/dev/null
+B=$(ocrctl_bin ocrctl.zst ocrctl-b)
 FX=tests/fixtures/tiny-lightonocr
 rm -rf /tmp/fixture-b
 $B export --checkpoint $FX/checkpoint --out /tmp/fixture-b --precision fp16 >/dev/null

@@ -8,11 +8,7 @@
 # for decode steps, `off on` runs both).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
-mkdir -p /opt/ortgpu "$OUT"
-export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
-BIN=/opt/ortparts/ocrctl
-[ -x $BIN ] || { /opt/ortparts/zstd -dcq .ortgpu/ocrctl.zst -o $BIN && chmod +x $BIN; }
+. scripts/gpu_env.sh
 M=/tmp/dummy-q4
 [ -f $M/onnx/decoder_model_gqa_q4f16.onnx ] || $BIN export --checkpoint dummy:lightonocr-2-1b \
   --out $M --precision int4-fp16 --force 2>&1 | tail -1

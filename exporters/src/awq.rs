@@ -141,17 +141,6 @@ pub struct AwqPlan {
     pub choices: Vec<GroupChoice>,
 }
 
-/// Transposes `[out, in]` to `[in, out]`.
-fn transpose(w: &[f32], out: usize, inp: usize) -> Vec<f32> {
-    let mut t = vec![0f32; w.len()];
-    for o in 0..out {
-        for i in 0..inp {
-            t[i * out + o] = w[o * inp + i];
-        }
-    }
-    t
-}
-
 /// `Σ_k m2_k Σ_n (W_kn − deq(quant(W·s))_kn / s_k)²` for `wt` = `[k, n]`.
 fn proxy_error(wt: &[f32], k: usize, n: usize, bs: usize, s: &[f32], m2: &[f32]) -> f64 {
     let scaled: Vec<f32> = (0..k * n).map(|i| wt[i] * s[i / n]).collect();
@@ -205,7 +194,7 @@ pub fn plan(
             .iter()
             .map(|(name, out)| {
                 w.get(name, &[*out, g.k])
-                    .map(|v| (transpose(&v, *out, g.k), *out))
+                    .map(|v| (crate::layers::transpose(&v, *out, g.k), *out))
             })
             .collect::<Result<_, _>>()?;
         let mut best = (0f32, f64::INFINITY, Vec::new());

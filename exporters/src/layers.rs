@@ -174,8 +174,8 @@ fn matmul(
     }
 }
 
-/// `[out, in]` → `[in, out]`.
-fn transpose(v: &[f32], out: usize, inp: usize) -> Vec<f32> {
+/// `[out, in]` → `[in, out]` (PyTorch's Linear layout to ONNX MatMul's).
+pub(crate) fn transpose(v: &[f32], out: usize, inp: usize) -> Vec<f32> {
     let mut t = vec![0f32; v.len()];
     for o in 0..out {
         for i in 0..inp {

@@ -2,7 +2,10 @@
 //!
 //! For each page size: vision encoder ms, prefill ms (embeddings + image merge + decoder over
 //! the prompt), time to first token, and decode tokens/s over a fixed number of new tokens
-//! (end-of-sequence ignored: random weights never stop on their own). Medians over `--runs`
+//! (end-of-sequence ignored: random weights never stop on their own) with every step's full
+//! logits brought to the host and its token chosen there, as a request for log-probabilities
+//! decodes (`logits tok/s`); the batch sweep's `decode tokens/s` is the engine's own path
+//! (CUDA graphs where on, greedy ids chosen on the device). Medians over `--runs`
 //! repetitions after one warm-up, plus the process's peak resident memory, and with a GPU
 //! provider the process's peak GPU memory from `nvidia-smi` (polled at phase ends, outside the
 //! timed spans; absent when nvidia-smi is not there) and where the decoder kept its KV cache.
@@ -372,7 +375,7 @@ fn print_table(out: &serde_json::Value) {
     );
     println!(
         "{:>10} {:>7} {:>11} {:>11} {:>10} {:>12} {:>8}",
-        "size", "tokens", "vision ms", "prefill ms", "TTFT ms", "decode tok/s", "GPU MiB"
+        "size", "tokens", "vision ms", "prefill ms", "TTFT ms", "logits tok/s", "GPU MiB"
     );
     for r in out["results"].as_array().into_iter().flatten() {
         println!(

@@ -1,0 +1,14 @@
+# Sourced by the scripts/gpu_*.sh on the GPU machine (device tool), once the carrying recipe of
+# ../shared/GPU.md has left ONNX Runtime's CUDA build in parts, and zstd, in /opt/ortparts:
+# unpacks ONNX Runtime into /opt/ortgpu (once per machine) and points OCRCTL_ORT_LIB at it;
+# `ocrctl_bin ZST NAME` unpacks a carried ocrctl build `.ortgpu/ZST` to /opt/ortparts/NAME (once)
+# and prints that path; BIN is the build under test (.ortgpu/ocrctl.zst) unless already set.
+mkdir -p /opt/ortgpu "${OUT:-/tmp/out}"
+export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
+[ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
+ocrctl_bin() {
+  local dest=/opt/ortparts/$2
+  [ -x "$dest" ] || { /opt/ortparts/zstd -dcq ".ortgpu/$1" -o "$dest" && chmod +x "$dest"; }
+  echo "$dest"
+}
+BIN=${BIN:-$(ocrctl_bin ocrctl.zst ocrctl)}
