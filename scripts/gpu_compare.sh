@@ -10,7 +10,9 @@
 # so that a later call can add to them (the machine stays warm between calls).
 # Knobs: PRECISIONS (fp16 int4-fp16), DECODERS (gqa merged), BATCHES (1,8,32,64,128),
 # NEW_TOKENS (1024), RUNS (3), TRANSFORMERS (1: run the reference), TF_TOKENS (256),
-# TF_BATCHES (1,8), REPORT (1: write the report from everything in /tmp/gpu-results).
+# TF_BATCHES (1,8), SERVE (1: `serve --profile 16gb` under load, scripts/gpu_serve_check.sh, at
+# SERVE_BATCHES (8) with SERVE_TOKENS (1024) new tokens), REPORT (1: write the report from
+# everything in /tmp/gpu-results).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/gpu-results
@@ -35,6 +37,11 @@ if [ "${TRANSFORMERS:-1}" = 1 ]; then
   python3 scripts/bench_transformers.py --size 1092x1540 --new-tokens "${TF_TOKENS:-256}" \
     --batches "${TF_BATCHES:-1,8}" > "$RES/transformers.json" 2> "$RES/transformers.err" || true
   tail -3 "$RES/transformers.err"; cat "$RES/transformers.json"
+fi
+if [ "${SERVE:-1}" = 1 ]; then
+  # The 16gb profile under load, on this call's int4-fp16 export.
+  MODEL=$M OUT="$RES/serve" BATCHES="${SERVE_BATCHES:-8}" GRAPHS=on T="${SERVE_TOKENS:-1024}" \
+    bash scripts/gpu_serve_check.sh 2>&1 | tail -4 || true
 fi
 if [ "${REPORT:-1}" = 1 ]; then
   python3 scripts/gpu_report.py "$RES" > "$RES/report.md"

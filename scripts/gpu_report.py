@@ -66,3 +66,18 @@ for name, s in summary.items():
         continue
     parts = [f"b{b}: {f(s['decode_tok_s'].get(b), 0)} tok/s, {f(s['gpu_mib'].get(b), 0)} MiB" for b in batches]
     print(f"- {name} ({s['new_tokens']} new tokens, KV {s['kv_cache']}): " + "; ".join(parts))
+serve = os.path.join(d, "serve", "load.jsonl")
+if os.path.exists(serve):
+    print("\n`serve --profile 16gb` under load (int4-fp16, scripts/gpu_serve_check.sh):\n")
+    for line in open(serve):
+        r = json.loads(line)
+        metrics = os.path.join(d, "serve", f"metrics-b{r['batch']}-g{r['cuda_graphs']}.txt")
+        gpu = next((float(l.split()[-1]) for l in open(metrics) if l.startswith("ocrctl_gpu_memory_used_bytes"))
+                   if os.path.exists(metrics) else None, None)
+        print(f"- batch {r['batch']}, CUDA graphs {r['cuda_graphs']}, {r['concurrency']} clients, "
+              f"{r['requests']} requests of {r['max_tokens']} new tokens: {r['requests_per_s']:.2f} requests/s, "
+              f"p50 {r['p50_ms'] / 1e3:.2f} s, p99 {r['p99_ms'] / 1e3:.2f} s, statuses {r['statuses']}, "
+              f"GPU memory {f(gpu and gpu / 1e9, 1)} GB")
+        summary.setdefault("serve_16gb", []).append({**r, "gpu_memory_bytes": gpu})
+json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=1)
+

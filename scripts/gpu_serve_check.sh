@@ -5,11 +5,12 @@
 # BATCHES, then /metrics (GPU memory, TTFT, tokens) and the server's first log lines.
 # Needs the ONNX Runtime GPU parts and ocrctl as for scripts/gpu_compare.sh (/opt/ortparts).
 # Knobs: BATCHES (1 6 8), C (16), N (32 requests), T (1024 new tokens), GRAPHS (off: CUDA graphs
-# for decode steps, `off on` runs both).
+# for decode steps, `off on` runs both), MODEL (/tmp/dummy-q4, exported when it lacks the
+# int4-fp16 GQA decoder).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu_env.sh
-M=/tmp/dummy-q4
+M=${MODEL:-/tmp/dummy-q4}
 [ -f $M/onnx/decoder_model_gqa_q4f16.onnx ] || $BIN export --checkpoint dummy:lightonocr-2-1b \
   --out $M --precision int4-fp16 --force 2>&1 | tail -1
 python3 -c "from PIL import Image, ImageDraw; im = Image.new('RGB', (1092, 1540), 'white'); d = ImageDraw.Draw(im)
