@@ -30,7 +30,6 @@ tp = os.path.join(d, "transformers.json")
 if os.path.exists(tp) and os.path.getsize(tp) > 0:
     tf = json.load(open(tp))
     summary["transformers-bf16"] = tf
-json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=1)
 
 
 def f(x, p=1):

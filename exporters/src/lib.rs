@@ -31,6 +31,7 @@ pub mod engines;
 pub mod export;
 pub mod graph;
 pub mod layers;
+pub mod manifest;
 pub mod processor;
 pub mod proto;
 pub mod quant;

@@ -1,0 +1,117 @@
+//! `ocrctl.json`, the manifest of an export: what was exported, from which checkpoint files,
+//! with which settings, every graph's I/O contract, and the size and digest of every file the
+//! export wrote.
+
+use crate::config::ModelConfig;
+use crate::export::{Precision, MANIFEST};
+use crate::graph::GraphInfo;
+use crate::layers::{Quant, Target};
+use crate::ExportError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One source file's identity in the manifest.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SourceFile {
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// `ocrctl.json`: what was exported, from what, and the graphs' I/O contract.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub ocrctl_version: String,
+    pub source: String,
+    pub source_dtype: String,
+    pub source_files: Vec<SourceFile>,
+    /// sha256 over the source files' digests, in name order.
+    pub checkpoint_digest: String,
+    pub target: Target,
+    pub ir_version: i64,
+    pub opset: i64,
+    pub precisions: Vec<Precision>,
+    /// INT4 settings, when an int4 precision was exported.
+    pub int4: Option<Quant>,
+    /// AWQ-style scale choices per Linear group, when calibrated (`None`: round-to-nearest).
+    #[serde(default)]
+    pub awq: Option<Vec<crate::awq::GroupChoice>>,
+    pub model: ModelConfig,
+    /// precision → part (`vision_encoder`, `embed_tokens`, `decoder_model_merged`) → graph.
+    pub graphs: BTreeMap<Precision, BTreeMap<String, GraphInfo>>,
+    /// Size and sha256 of every file the export wrote but this manifest (names relative to
+    /// the export, `/`-separated), checked before loading (see [`crate::verify`]). Empty
+    /// in exports made before it was recorded.
+    #[serde(default)]
+    pub files: Vec<SourceFile>,
+    /// Engines built ahead of time by `ocrctl build-engines`, by profile name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub engines: BTreeMap<String, crate::engines::EngineSet>,
+}
+
+impl Manifest {
+    /// Reads `<dir>/ocrctl.json`. A `dir` that is not an export gets an error that says what
+    /// it is (missing, a file, a checkpoint, another folder) and what to run.
+    pub fn load(dir: &Path) -> Result<Manifest, ExportError> {
+        let p = dir.join(MANIFEST);
+        if !p.is_file() {
+            return Err(ExportError::Invalid(not_an_export(dir)));
+        }
+        let text = std::fs::read_to_string(&p).map_err(|e| ExportError::io(&p, e))?;
+        serde_json::from_str(&text)
+            .map_err(|e| ExportError::config(&p, format!("not an ocrctl manifest: {e}")))
+    }
+
+    /// Writes the manifest back to `<dir>/ocrctl.json` (through a temporary file, so a reader
+    /// never sees half of it).
+    pub fn save(&self, dir: &Path) -> Result<(), ExportError> {
+        let p = dir.join(MANIFEST);
+        let tmp = dir.join(format!(".{MANIFEST}.{}", std::process::id()));
+        let text = serde_json::to_string_pretty(self).expect("manifest serialises");
+        std::fs::write(&tmp, text).map_err(|e| ExportError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| ExportError::io(&p, e))
+    }
+
+    /// The recorded digest of graph `file` (under `onnx/`) together with its external data
+    /// `data_file`: sha256 over both recorded sha256s. `None` when the export recorded none.
+    pub fn graph_digest(&self, file: &str, data_file: Option<&str>) -> Option<String> {
+        use sha2::{Digest, Sha256};
+        let find = |name: &str| {
+            let rel = format!("onnx/{name}");
+            self.files
+                .iter()
+                .find(|f| f.name == rel)
+                .map(|f| f.sha256.clone())
+        };
+        let mut h = Sha256::new();
+        h.update(find(file)?.as_bytes());
+        if let Some(d) = data_file {
+            h.update(find(d)?.as_bytes());
+        }
+        Some(format!("{:x}", h.finalize()))
+    }
+}
+
+/// Why `dir` is not an export, and what to do about it.
+fn not_an_export(dir: &Path) -> String {
+    let d = dir.display();
+    let export = format!("ocrctl export --checkpoint CHECKPOINT --out {d}");
+    if !dir.exists() {
+        format!("{d}: no such directory; --model takes a folder written by `{export}`")
+    } else if !dir.is_dir() {
+        format!("{d} is a file; --model takes the folder an export wrote (`{export}`)")
+    } else if dir.join("config.json").is_file()
+        && std::fs::read_dir(dir).is_ok_and(|mut it| {
+            it.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".safetensors")))
+        })
+    {
+        format!(
+            "{d} is a checkpoint, not an export: run `ocrctl export --checkpoint {d} --out OUT` \
+             first, then pass --model OUT"
+        )
+    } else {
+        format!("{d} is not an ocrctl export (it has no {MANIFEST}); make one with `{export}`")
+    }
+}
