@@ -24,10 +24,18 @@ fn export() -> &'static Path {
 }
 
 fn load(precision: Precision, slots: usize, max_seq: usize) -> OrtModel {
+    load_staged(precision, slots, max_seq, false)
+}
+
+/// With `staged`, the vision and prefill stages run on the CPU too (they are GPU-only
+/// otherwise): pages are encoded and prefilled on the stage's thread, with its own decoder
+/// session, while the engine's thread runs decode steps over the same KV buffers.
+fn load_staged(precision: Precision, slots: usize, max_seq: usize, staged: bool) -> OrtModel {
     let opts = LoadOptions {
         decoder: Some(DecoderVariant::Gqa),
         kv_slots: slots,
         max_sequence_length: max_seq,
+        stages_on_cpu: staged,
         ..LoadOptions::new(precision)
     };
     let m = OrtModel::load(export(), &opts).expect("model loads");
@@ -70,14 +78,21 @@ fn fp16_gqa_greedy_generation_matches_the_reference() {
 /// Six requests with different lengths through the engine at batch 3 (3 slots): slots are
 /// taken, freed and reused as requests finish at different steps, decode steps mix
 /// sequences of different lengths in one run, and every request gets the reference's ids.
+/// Also with the stages: pages prefilled on the stage's thread into reserved slots while
+/// the engine's decode steps run over the same buffers.
 #[test]
 fn batched_gqa_with_joins_and_leaves_equals_the_reference() {
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
     let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
-    for precision in [Precision::Fp32, Precision::Fp16] {
-        let mut engine = Engine::new(load(precision, 3, 0), 3, image_token);
+    let cases = [Precision::Fp32, Precision::Fp16]
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)]);
+    for (precision, staged) in cases {
+        let mut engine = Engine::new(load_staged(precision, 3, 0, staged), 3, image_token);
+        let stage = engine.vision.as_ref().map(|v| v.prefills());
+        assert_eq!(stage, staged.then_some(true), "{precision:?}: stages");
         let images = g.images();
         let lens = [40, 17, 40, 9, 28, 33];
         let mut wants = Vec::new();
@@ -109,10 +124,17 @@ fn batched_gqa_with_joins_and_leaves_equals_the_reference() {
                 let o = o.as_ref().unwrap_or_else(|e| panic!("request {i}: {e}"));
                 assert_eq!(
                     &o.token_ids, want,
-                    "{precision:?} round {round} request {i}"
+                    "{precision:?} staged {staged} round {round} request {i}"
                 );
             }
         }
+        let staged_runs = engine.backend.prefill_stage_runs();
+        assert_eq!(
+            staged_runs,
+            staged.then_some(2 * lens.len()),
+            "{precision:?}"
+        );
+        assert_eq!(engine.backend.free_sequences(), Some(3));
     }
 }
 

@@ -22,7 +22,7 @@ use ocrctl::generation::generate::prefill;
 use ocrctl::generation::sampling::SamplingParams;
 use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -288,6 +288,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "provider": engine.backend.decoder_provider().name(),
         "decoder": engine.backend.decoder_variant().part(),
         "vision_stage": engine.vision.is_some(),
+        "prefill_stage": engine.vision.as_ref().is_some_and(|v| v.prefills()),
         "kv_cache": engine.backend.kv_capacity().map(|(s, p)| json!({"sequences": s, "positions": p})),
         "gpu_memory": gpu.total.json(),
         "kv": kv_json(&engine.backend),
@@ -337,10 +338,10 @@ fn print_table(out: &serde_json::Value) {
         out["precision"].as_str().unwrap_or(""),
         out["provider"].as_str().unwrap_or(""),
         out["decoder"].as_str().unwrap_or(""),
-        if out["vision_stage"] == true {
-            ", vision stage"
-        } else {
-            ""
+        match (&out["vision_stage"], &out["prefill_stage"]) {
+            (Value::Bool(true), Value::Bool(true)) => ", vision and prefill stage",
+            (Value::Bool(true), _) => ", vision stage",
+            _ => "",
         },
         f(&out["load_s"]),
         f(&out["peak_rss_mib"]),

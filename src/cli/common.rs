@@ -58,6 +58,12 @@ pub struct RuntimeArgs {
     #[arg(long, env = "OCRCTL_VISION_STAGE", default_value = "on", action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new())]
     pub vision_stage: bool,
+    /// With the vision stage and the GQA decoder, also prefill pages on the stage's thread
+    /// with a second decoder session, so prompts do not stall decode steps (`on`/`off`; costs
+    /// a second copy of the decoder's weights in GPU memory).
+    #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "on", action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new())]
+    pub prefill_stage: bool,
 }
 
 /// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
@@ -211,6 +217,7 @@ impl RuntimeArgs {
         }
         lo.providers = pc;
         lo.vision_stage = self.vision_stage;
+        lo.prefill_stage = self.prefill_stage;
         Ok((lo, profile))
     }
 }
@@ -291,8 +298,12 @@ mod tests {
     #[test]
     fn switches_take_on_and_off_and_default_as_documented() {
         let rt = Cli::try_parse_from(["t"]).unwrap().rt;
-        assert!(rt.vision_stage);
+        assert!(rt.vision_stage && rt.prefill_stage);
         assert_eq!(rt.cuda_graphs, None);
+        let rt = Cli::try_parse_from(["t", "--prefill-stage", "off"])
+            .unwrap()
+            .rt;
+        assert!(rt.vision_stage && !rt.prefill_stage);
         let rt = Cli::try_parse_from(["t", "--vision-stage", "off", "--cuda-graphs", "on"])
             .unwrap()
             .rt;

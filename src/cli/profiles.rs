@@ -9,8 +9,9 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use ocrctl::profile::{
-    self, available, budget_with, decoder_updates_kv_in_place, export_notes, locate, trt_shapes,
-    vision_attention_fused_in, weights_bytes, BudgetOptions, ModelDims, Profile, TrtShapes,
+    self, available, budget_with, decoder_updates_kv_in_place, export_notes, locate,
+    stage_weights_bytes, trt_shapes, vision_attention_fused_in, weights_bytes, BudgetOptions,
+    ModelDims, Profile, TrtShapes,
 };
 use ocrctl_exporters::export::Manifest;
 use serde::Serialize;
@@ -218,6 +219,12 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
         // With TensorRT listed, its attention fusion is assumed (and noted when it matters).
         vision_attention_fused: p.has_tensorrt()
             || vision_attention_fused_in(&manifest, p.precision),
+        // `serve` and `ocr` run the prefill stage on a GPU unless told otherwise.
+        stage_weights_bytes: if p.uses_gpu() {
+            stage_weights_bytes(&manifest, &a.model, p.precision)
+        } else {
+            0
+        },
         ..BudgetOptions::default()
     };
     let mut b = budget_with(&p, &dims, weights, capacity, options);

@@ -46,7 +46,7 @@ use crate::generation::generate::{
     argmax_and_top_k, log_sum_exp, prefill, FinishReason, Generation,
 };
 use crate::generation::sampling::Sampler;
-use crate::generation::vision::VisionStage;
+use crate::generation::vision::{PrefillJob, Staged, VisionStage};
 use crate::runtime::backend::{Backend, BackendError, RowNeed, StepLogits};
 
 mod need;
@@ -66,12 +66,16 @@ struct Active<C> {
     out: Generation,
 }
 
-/// A request admitted while its images are encoded on the vision stage.
+/// A request admitted while its images are encoded (and perhaps its prompt prefilled) on the
+/// vision stage.
 struct Waiting {
     index: usize,
     req: GenRequest,
     sampler: Sampler,
     ticket: u64,
+    /// Whether its cache sequence was reserved at admission (the stage prefills it);
+    /// otherwise the prefill takes one when the features are back.
+    reserved: bool,
 }
 
 /// The requests being decoded together, with their caches, and those admitted whose images
@@ -158,16 +162,20 @@ pub struct Engine<B: Backend> {
     pub backend: B,
     pub max_batch: usize,
     pub image_token_id: u32,
-    /// Encodes admitted requests' images on another thread while the batch decodes
-    /// ([`crate::generation::vision`]); `None` encodes them during admission.
-    pub vision: Option<VisionStage>,
+    /// Encodes admitted requests' images, and prefills them where the backend offers a
+    /// [`crate::runtime::backend::PagePrefill`], on another thread while the batch decodes
+    /// ([`crate::generation::vision`]); `None` does both during admission.
+    pub vision: Option<VisionStage<B::Cache>>,
 }
 
 impl<B: Backend> Engine<B> {
     /// An engine over `backend`, with a vision stage when the backend offers an image
-    /// encoder for one ([`Backend::image_encoder`]).
+    /// encoder for one ([`Backend::image_encoder`]), which also prefills when the backend
+    /// offers that ([`Backend::page_prefill`]).
     pub fn new(backend: B, max_batch: usize, image_token_id: u32) -> Engine<B> {
-        let vision = backend.image_encoder().map(VisionStage::start);
+        let vision = backend
+            .image_encoder()
+            .map(|enc| VisionStage::start(enc, backend.page_prefill()));
         Engine {
             backend,
             max_batch,
@@ -192,14 +200,37 @@ impl<B: Backend> Engine<B> {
 
     /// Whether `batch` has room for another request: fewer than `max_batch` decoding or
     /// waiting for image features, and a free sequence in the backend's cache for each
-    /// waiting one and this one when it has a fixed cache (a full cache makes new requests
-    /// wait for a running one to finish instead of failing).
-    pub fn has_room(&self, batch: &Batch<B::Cache>) -> bool {
+    /// waiting one without a reserved sequence and this one when it has a fixed cache (a full
+    /// cache makes new requests wait for a running one to finish instead of failing).
+    pub fn has_room(&mut self, batch: &Batch<B::Cache>) -> bool {
+        self.reap(batch);
+        let unreserved = batch.waiting.iter().filter(|w| !w.reserved).count();
         batch.len() < self.max_batch.max(1)
             && self
                 .backend
                 .free_sequences()
-                .is_none_or(|free| free > batch.waiting.len())
+                .is_none_or(|free| free > unreserved)
+    }
+
+    /// Drops the vision stage's finished results of requests no longer in `batch` (removed
+    /// while their pages were on the stage), so that the cache sequences they hold are free
+    /// again; keeps the others for [`Engine::step`]. With an empty batch and a full cache the
+    /// stage's outstanding work is all that can free a sequence, so it waits for it.
+    fn reap(&mut self, batch: &Batch<B::Cache>) {
+        let Some(stage) = self.vision.as_mut() else {
+            return;
+        };
+        let mut kept = Vec::new();
+        while stage.outstanding() > kept.len() {
+            let starved = batch.is_empty() && self.backend.free_sequences() == Some(0);
+            let Some(done) = stage.next(starved) else {
+                break;
+            };
+            if batch.waiting.iter().any(|w| w.ticket == done.ticket) {
+                kept.push(done);
+            }
+        }
+        kept.into_iter().for_each(|d| stage.hold(d));
     }
 
     /// Prefills the waiting requests whose image features are back and moves them into the
@@ -231,13 +262,14 @@ impl<B: Backend> Engine<B> {
                 continue;
             };
             let w = batch.waiting.remove(pos).expect("found above");
-            let started = done.features.and_then(|f| {
-                prefill(
+            let started = done.result.and_then(|staged| match staged {
+                Staged::Prefilled { logits, cache } => Ok((logits, cache)),
+                Staged::Features(f) => prefill(
                     &mut self.backend,
                     &w.req.prompt_ids,
                     self.image_token_id,
                     &f,
-                )
+                ),
             });
             match started {
                 Ok((logits, cache)) => batch.active.push(Active {
@@ -306,12 +338,24 @@ impl<B: Backend> Engine<B> {
             }
         }
         if let Some(stage) = self.vision.as_mut().filter(|_| !req.images.is_empty()) {
-            let ticket = stage.submit(std::mem::take(&mut req.images));
+            // The stage prefills too when it can and the backend sets a sequence aside.
+            let prefill = stage
+                .prefills()
+                .then(|| self.backend.reserve(req.prompt_ids.len()))
+                .flatten()
+                .map(|cache| PrefillJob {
+                    prompt_ids: req.prompt_ids.clone(),
+                    image_token_id: self.image_token_id,
+                    cache,
+                });
+            let reserved = prefill.is_some();
+            let ticket = stage.submit(std::mem::take(&mut req.images), prefill);
             batch.waiting.push_back(Waiting {
                 index,
                 req,
                 sampler,
                 ticket,
+                reserved,
             });
             return;
         }

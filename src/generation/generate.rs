@@ -58,8 +58,8 @@ pub fn stop_ids(model_dir: &std::path::Path, fallback: &[u32]) -> Vec<u32> {
         .unwrap_or_else(|| fallback.to_vec())
 }
 
-/// The multimodal prefill, the one place it is written: embeds `prompt_ids`, puts the image
-/// `features` (one `[N_i, hidden]` block per image, in prompt order) in place of the image
+/// The multimodal prefill on the engine's thread (a stage's prefill shares its first half,
+/// [`prompt_embeds`]): embeds `prompt_ids`, puts the image `features` (one `[N_i, hidden]` block per image, in prompt order) in place of the image
 /// tokens and runs the decoder over the whole prompt. Returns the last position's logits and
 /// the cache. A prompt with image tokens and no features is an error naming both counts.
 pub fn prefill<B: Backend>(
@@ -68,7 +68,24 @@ pub fn prefill<B: Backend>(
     image_token_id: u32,
     features: &[Array2<f32>],
 ) -> Result<(Vec<f32>, B::Cache), BackendError> {
-    let mut e = backend.embed(prompt_ids)?;
+    let e = prompt_embeds(
+        |ids| backend.embed(ids),
+        prompt_ids,
+        image_token_id,
+        features,
+    )?;
+    backend.forward(e, None)
+}
+
+/// The decoder's input for a prompt: `embed(prompt_ids)` with the rows of the image tokens
+/// replaced by the images' features (all images' rows, in order).
+pub fn prompt_embeds(
+    embed: impl FnOnce(&[u32]) -> Result<Array2<f32>, BackendError>,
+    prompt_ids: &[u32],
+    image_token_id: u32,
+    features: &[Array2<f32>],
+) -> Result<Array2<f32>, BackendError> {
+    let mut e = embed(prompt_ids)?;
     match features {
         [] if !prompt_ids.contains(&image_token_id) => {}
         [] => {
@@ -83,7 +100,7 @@ pub fn prefill<B: Backend>(
             merge_image_features(&mut e, prompt_ids, image_token_id, &all)?;
         }
     }
-    backend.forward(e, None)
+    Ok(e)
 }
 
 /// Replaces the rows of `embeds` at positions where `ids == image_token_id` with the rows

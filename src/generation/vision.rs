@@ -1,4 +1,4 @@
-//! The vision stage: image encoding ahead of prefill, on a thread of its own.
+//! The vision stage: image encoding, and the prompt's prefill after it, on a thread of its own.
 //!
 //! A page's vision encoder run (~60 ms for an A4 page on an H200) is compute-bound, while a
 //! large batch's decode step is bound by reading the KV cache. Run one after the other on the
@@ -9,14 +9,21 @@
 //! (`Engine::step` collects them). On a GPU the two run concurrently on their sessions'
 //! separate CUDA streams.
 //!
-//! The thread encodes in submission order; each result carries its submission's ticket so the
-//! engine can drop those of requests cancelled meanwhile. A panic while encoding fails that
-//! request only. The stage exists only where a backend offers an
-//! [`ImageEncoder`] ([`crate::runtime::backend::Backend::image_encoder`]).
+//! Where the backend also offers a [`PagePrefill`] (a second decoder session writing into a
+//! cache sequence that [`crate::runtime::backend::Backend::reserve`] set aside), the stage
+//! prefills the page too, and the engine's thread only adopts the finished sequence: the
+//! ~30 ms prompt run of an A4 page then overlaps the decode steps as the encoder run does,
+//! instead of stalling them.
+//!
+//! The thread works in submission order; each result carries its submission's ticket so the
+//! engine can drop those of requests cancelled meanwhile (dropping a result frees the cache
+//! sequence it holds). A panic while encoding or prefilling fails that request only. The
+//! stage exists only where a backend offers an [`ImageEncoder`]
+//! ([`crate::runtime::backend::Backend::image_encoder`]).
 //!
 //! ```
 //! use ndarray::{Array2, Array4};
-//! use ocrctl::generation::vision::VisionStage;
+//! use ocrctl::generation::vision::{Staged, VisionStage};
 //! use ocrctl::runtime::backend::{BackendError, ImageEncoder};
 //! struct Width;
 //! impl ImageEncoder for Width {
@@ -24,67 +31,124 @@
 //!         Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
 //!     }
 //! }
-//! let mut stage = VisionStage::start(Box::new(Width));
-//! let ticket = stage.submit(vec![Array4::zeros((1, 3, 2, 5))]);
+//! let mut stage = VisionStage::<()>::start(Box::new(Width), None);
+//! let ticket = stage.submit(vec![Array4::zeros((1, 3, 2, 5))], None);
 //! let done = stage.next(true).expect("the stage is running");
 //! assert_eq!(done.ticket, ticket);
-//! assert_eq!(done.features.unwrap()[0][[0, 0]], 5.0);
+//! let Ok(Staged::Features(f)) = done.result else { panic!("features") };
+//! assert_eq!(f[0][[0, 0]], 5.0);
 //! ```
 
 use crate::generation::engine::panic_message;
-use crate::runtime::backend::{BackendError, ImageEncoder};
+use crate::generation::generate::prompt_embeds;
+use crate::runtime::backend::{BackendError, ImageEncoder, PagePrefill};
 use ndarray::{Array2, Array4};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-/// The features of one submission's images (in order), or why they could not be computed.
-pub struct Encoded {
-    pub ticket: u64,
-    pub features: Result<Vec<Array2<f32>>, BackendError>,
+/// What the stage made of one submission.
+pub enum Staged<C> {
+    /// The images' features (one block per image, in order); the engine prefills.
+    Features(Vec<Array2<f32>>),
+    /// The request's prefill ran here too: its last position's logits and its cache.
+    Prefilled { logits: Vec<f32>, cache: C },
 }
 
-struct Job {
+/// One submission's result, or why it could not be made.
+pub struct Encoded<C> {
+    pub ticket: u64,
+    pub result: Result<Staged<C>, BackendError>,
+}
+
+/// The prefill part of a submission (see [`VisionStage::prefills`]).
+pub struct PrefillJob<C> {
+    pub prompt_ids: Vec<u32>,
+    pub image_token_id: u32,
+    /// The sequence set aside for it ([`crate::runtime::backend::Backend::reserve`]).
+    pub cache: C,
+}
+
+struct Job<C> {
     ticket: u64,
     images: Vec<Array4<f32>>,
+    prefill: Option<PrefillJob<C>>,
 }
 
-/// A thread encoding images with one [`ImageEncoder`]; see the module documentation.
-pub struct VisionStage {
-    jobs: Option<mpsc::Sender<Job>>,
-    done: mpsc::Receiver<Encoded>,
-    /// Results made here when the thread could not take a job (it had stopped).
-    refused: VecDeque<Encoded>,
+/// A thread encoding images with one [`ImageEncoder`], and prefilling with a
+/// [`PagePrefill`] when it has one; see the module documentation.
+pub struct VisionStage<C> {
+    jobs: Option<mpsc::Sender<Job<C>>>,
+    done: mpsc::Receiver<Encoded<C>>,
+    /// Results already taken off the channel (made here when the thread could not take a
+    /// job, or put back by [`VisionStage::hold`]).
+    ready: VecDeque<Encoded<C>>,
+    /// Jobs sent whose results have not come back yet.
+    in_flight: usize,
+    prefills: bool,
     thread: Option<JoinHandle<()>>,
     next_ticket: u64,
 }
 
-impl VisionStage {
-    /// Starts the stage's thread with `encoder`.
-    pub fn start(mut encoder: Box<dyn ImageEncoder>) -> VisionStage {
-        let (jobs, rx) = mpsc::channel::<Job>();
+/// One job on the stage's thread: the images' features, then the prefill when asked for.
+fn work<C>(
+    encoder: &mut dyn ImageEncoder,
+    prefiller: Option<&mut Box<dyn PagePrefill<C>>>,
+    images: &[Array4<f32>],
+    prefill: Option<PrefillJob<C>>,
+) -> Result<Staged<C>, BackendError> {
+    let features = images
+        .iter()
+        .map(|p| encoder.encode(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (Some(job), Some(p)) = (prefill, prefiller) else {
+        return Ok(Staged::Features(features));
+    };
+    let e = prompt_embeds(
+        |ids| p.embed(ids),
+        &job.prompt_ids,
+        job.image_token_id,
+        &features,
+    )?;
+    let (logits, cache) = p.prefill(e, job.cache)?;
+    Ok(Staged::Prefilled { logits, cache })
+}
+
+impl<C: Send + 'static> VisionStage<C> {
+    /// Starts the stage's thread with `encoder`, and `prefiller` for submissions that carry
+    /// a [`PrefillJob`].
+    pub fn start(
+        mut encoder: Box<dyn ImageEncoder>,
+        mut prefiller: Option<Box<dyn PagePrefill<C>>>,
+    ) -> VisionStage<C> {
+        let prefills = prefiller.is_some();
+        let (jobs, rx) = mpsc::channel::<Job<C>>();
         let (tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ocrctl-vision".into())
             .spawn(move || {
                 for job in rx {
-                    let span = tracing::debug_span!("vision", images = job.images.len());
+                    let span = tracing::debug_span!(
+                        "vision",
+                        images = job.images.len(),
+                        prefill = job.prefill.is_some()
+                    );
                     let _e = span.enter();
-                    let features = catch_unwind(AssertUnwindSafe(|| {
-                        job.images
-                            .iter()
-                            .map(|p| encoder.encode(p))
-                            .collect::<Result<Vec<_>, _>>()
+                    let (images, prefill) = (job.images, job.prefill);
+                    // A panic drops the job's cache (its sequence is free again) and fails
+                    // this request only.
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        work(encoder.as_mut(), prefiller.as_mut(), &images, prefill)
                     }))
                     .unwrap_or_else(|p| {
                         Err(BackendError::Invalid(format!(
-                            "the vision encoder panicked: {}",
+                            "the vision stage panicked: {}",
                             panic_message(p.as_ref())
                         )))
                     });
                     let ticket = job.ticket;
-                    if tx.send(Encoded { ticket, features }).is_err() {
+                    if tx.send(Encoded { ticket, result }).is_err() {
                         break;
                     }
                 }
@@ -93,24 +157,39 @@ impl VisionStage {
         VisionStage {
             jobs: thread.as_ref().map(|_| jobs),
             done,
-            refused: VecDeque::new(),
+            ready: VecDeque::new(),
+            in_flight: 0,
+            prefills,
             thread,
             next_ticket: 0,
         }
     }
 
-    /// Queues `images` for encoding; returns the ticket its [`Encoded`] will carry.
-    pub fn submit(&mut self, images: Vec<Array4<f32>>) -> u64 {
+    /// Whether the stage prefills submissions that carry a [`PrefillJob`].
+    pub fn prefills(&self) -> bool {
+        self.prefills
+    }
+
+    /// Queues `images` (and their request's prefill) for the stage; returns the ticket its
+    /// [`Encoded`] will carry.
+    pub fn submit(&mut self, images: Vec<Array4<f32>>, prefill: Option<PrefillJob<C>>) -> u64 {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
+        let job = Job {
+            ticket,
+            images,
+            prefill,
+        };
         let sent = match &self.jobs {
-            Some(jobs) => jobs.send(Job { ticket, images }).is_ok(),
+            Some(jobs) => jobs.send(job).is_ok(),
             None => false,
         };
-        if !sent {
-            self.refused.push_back(Encoded {
+        if sent {
+            self.in_flight += 1;
+        } else {
+            self.ready.push_back(Encoded {
                 ticket,
-                features: Err(BackendError::Invalid(
+                result: Err(BackendError::Invalid(
                     "the vision stage's thread is not running".into(),
                 )),
             });
@@ -120,19 +199,33 @@ impl VisionStage {
 
     /// The next finished submission: waits for it when `wait`, else only if one is ready.
     /// `None` when nothing is ready (or, waiting, when the thread has stopped).
-    pub fn next(&mut self, wait: bool) -> Option<Encoded> {
-        if let Some(r) = self.refused.pop_front() {
+    pub fn next(&mut self, wait: bool) -> Option<Encoded<C>> {
+        if let Some(r) = self.ready.pop_front() {
             return Some(r);
         }
-        if wait {
+        let r = if wait {
             self.done.recv().ok()
         } else {
             self.done.try_recv().ok()
+        };
+        if r.is_some() {
+            self.in_flight -= 1;
         }
+        r
+    }
+
+    /// Puts a result taken with [`VisionStage::next`] back, for a later `next`.
+    pub fn hold(&mut self, e: Encoded<C>) {
+        self.ready.push_back(e);
+    }
+
+    /// Submissions whose results have not been taken yet.
+    pub fn outstanding(&self) -> usize {
+        self.in_flight + self.ready.len()
     }
 }
 
-impl Drop for VisionStage {
+impl<C> Drop for VisionStage<C> {
     fn drop(&mut self) {
         // Closing the queue ends the thread after its current job.
         self.jobs = None;
@@ -159,20 +252,26 @@ mod tests {
 
     #[test]
     fn results_come_back_in_order_and_failures_stay_with_their_request() {
-        let mut s = VisionStage::start(Box::new(Failing));
+        let mut s = VisionStage::<()>::start(Box::new(Failing), None);
         let px = |w| Array4::zeros((1, 3, 1, w));
         let t: Vec<u64> = [vec![px(3)], vec![px(0)], vec![px(4), px(1)], vec![px(7)]]
             .into_iter()
-            .map(|imgs| s.submit(imgs))
+            .map(|imgs| s.submit(imgs, None))
             .collect();
-        let got: Vec<Encoded> = (0..4).map(|_| s.next(true).expect("running")).collect();
+        assert_eq!(s.outstanding(), 4);
+        let got: Vec<Encoded<()>> = (0..4).map(|_| s.next(true).expect("running")).collect();
         assert_eq!(got.iter().map(|e| e.ticket).collect::<Vec<_>>(), t);
-        assert_eq!(got[0].features.as_ref().unwrap()[0][[0, 0]], 3.0);
-        let panicked = got[1].features.as_ref().err().unwrap().to_string();
+        let width = |e: &Encoded<()>| match &e.result {
+            Ok(Staged::Features(f)) => f[0][[0, 0]],
+            _ => panic!("features expected"),
+        };
+        assert_eq!(width(&got[0]), 3.0);
+        let panicked = got[1].result.as_ref().err().unwrap().to_string();
         assert!(panicked.contains("panicked: zero width"), "{panicked}");
-        assert!(got[2].features.is_err());
-        assert_eq!(got[3].features.as_ref().unwrap()[0][[0, 0]], 7.0);
+        assert!(got[2].result.is_err());
+        assert_eq!(width(&got[3]), 7.0);
         assert!(s.next(false).is_none());
+        assert_eq!(s.outstanding(), 0);
     }
 }
 
@@ -218,22 +317,73 @@ mod engine_tests {
                 )
             })
             .collect();
-        let run = |stage: bool| {
+        // 0: no stage; 1: the stage encodes; 2: it also prefills into reserved slots.
+        let run = |stage: u8| {
             let mut b = FakeBackend::sum(97)
                 .slots(3)
                 .delay(Duration::from_millis(1));
-            if stage {
+            if stage > 0 {
                 b = b.with_image_encoder();
             }
+            if stage > 1 {
+                b = b.with_page_prefill();
+            }
             let mut e = Engine::new(b, 3, 9);
-            assert_eq!(e.vision.is_some(), stage);
+            assert_eq!(e.vision.is_some(), stage > 0);
             let out = e.run(reqs.clone(), &mut |_| {});
             assert_eq!(e.backend.taken_slots(), 0);
+            let with_images = reqs.iter().filter(|r| !r.images.is_empty()).count();
+            let staged = if stage > 1 { with_images } else { 0 };
+            assert_eq!(e.backend.stage_prefills(), staged);
             tokens(&out)
         };
-        let without = run(false);
+        let without = run(0);
         assert!(without.iter().all(|r| r.is_ok()), "{without:?}");
-        assert_eq!(run(true), without);
+        assert_eq!(run(1), without);
+        assert_eq!(run(2), without);
+    }
+
+    /// Requests cancelled while the stage prefills them hold their reserved slots until
+    /// their results come back; with every slot so held and nothing decoding, `has_room`
+    /// waits for those results instead of refusing (or spinning) forever.
+    #[test]
+    fn slots_of_requests_cancelled_on_the_stage_come_back() {
+        let b = FakeBackend::sum(97)
+            .slots(2)
+            .delay(Duration::from_millis(20))
+            .with_image_encoder()
+            .with_page_prefill();
+        let mut e = Engine::new(b, 4, 9);
+        let mut batch = Batch::new();
+        let mut ended = Vec::new();
+        for i in 0..2 {
+            e.admit(
+                &mut batch,
+                i,
+                request(10 + i as u32, Some(5), 3),
+                &mut |_| Flow::Continue,
+            );
+        }
+        assert_eq!(e.backend.taken_slots(), 2);
+        assert!(batch.remove(0).is_some() && batch.remove(1).is_some());
+        assert!(
+            e.has_room(&batch),
+            "the cancelled requests' slots were not reclaimed"
+        );
+        e.admit(&mut batch, 2, request(12, Some(5), 3), &mut |_| {
+            Flow::Continue
+        });
+        while !batch.is_empty() {
+            e.step(&mut batch, &mut |ev| {
+                if let Event::Done { index, result } = ev {
+                    ended.push((index, result.is_ok()));
+                }
+                Flow::Continue
+            });
+        }
+        assert_eq!(ended, vec![(2, true)]);
+        assert_eq!(e.backend.stage_prefills(), 3);
+        assert_eq!(e.backend.taken_slots(), 0);
     }
 
     #[test]
@@ -264,6 +414,11 @@ mod engine_tests {
     /// fails for want of a slot), every request ends exactly once, and no slot is left held.
     #[test]
     fn random_joins_steps_and_cancels_leak_no_slot() {
+        random_joins_steps_and_cancels(false);
+        random_joins_steps_and_cancels(true);
+    }
+
+    fn random_joins_steps_and_cancels(prefill: bool) {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = move |n: u64| {
             seed ^= seed << 13;
@@ -271,7 +426,11 @@ mod engine_tests {
             seed ^= seed << 17;
             seed % n
         };
-        let mut e = Engine::new(FakeBackend::sum(97).slots(4).with_image_encoder(), 6, 9);
+        let mut b = FakeBackend::sum(97).slots(4).with_image_encoder();
+        if prefill {
+            b = b.with_page_prefill();
+        }
+        let mut e = Engine::new(b, 6, 9);
         let mut batch = Batch::new();
         let mut ended = std::collections::HashMap::new();
         let (mut joined, mut cancelled) = (0usize, 0usize);
@@ -309,11 +468,17 @@ mod engine_tests {
         while !batch.is_empty() {
             e.step(&mut batch, &mut |ev| record(ev, &mut ended));
         }
+        // Results of requests cancelled on the stage free their slots once taken back.
+        while e.vision.as_ref().expect("a stage").outstanding() > 0 {
+            e.has_room(&batch);
+            std::thread::yield_now();
+        }
         assert_eq!(ended.len(), joined);
         assert!(
             joined > 1000 && cancelled > 100,
             "{joined} joined, {cancelled} cancelled"
         );
         assert_eq!(e.backend.taken_slots(), 0);
+        assert_eq!(e.backend.stage_prefills() > 100, prefill);
     }
 }

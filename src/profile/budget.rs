@@ -29,6 +29,9 @@ pub struct BudgetOptions {
     /// `com.microsoft.MultiHeadAttention` in `--target ort` exports, or TensorRT's own fusion.
     /// False counts the unfused scores of one layer.
     pub vision_attention_fused: bool,
+    /// Weights the prefill stage loads a second time (its own GQA decoder and embedding
+    /// sessions, on a GPU; `--prefill-stage off` saves them): 0 without a stage.
+    pub stage_weights_bytes: u64,
 }
 
 impl Default for BudgetOptions {
@@ -37,6 +40,7 @@ impl Default for BudgetOptions {
             kv_step_copy: true,
             prefill_batch: 1,
             vision_attention_fused: true,
+            stage_weights_bytes: 0,
         }
     }
 }
@@ -195,6 +199,15 @@ pub fn budget_with(
         bytes: weights_bytes,
         detail: format!("{} graphs of the export", p.precision.name()),
     });
+    if options.stage_weights_bytes > 0 {
+        rows.push(BudgetRow {
+            item: "prefill stage weights".into(),
+            bytes: options.stage_weights_bytes,
+            detail: "GQA decoder and embeddings loaded again for the prefill stage \
+                     (--prefill-stage off saves them)"
+                .into(),
+        });
+    }
 
     let per_token = d.kv_bytes_per_token(eb);
     let kv = mul(&[b, seq, per_token]);
@@ -455,6 +468,28 @@ pub fn weights_bytes(
         total = total.saturating_add(len).saturating_add(g.data_bytes);
     }
     Ok(total)
+}
+
+/// Bytes of the graphs a prefill stage loads a second time (the GQA decoder and the
+/// embeddings of `precision`; see [`BudgetOptions::stage_weights_bytes`]): 0 when the export
+/// has no GQA decoder for it.
+pub fn stage_weights_bytes(manifest: &Manifest, model_dir: &Path, precision: Precision) -> u64 {
+    let Some(graphs) = manifest.graphs.get(&precision) else {
+        return 0;
+    };
+    let gqa = ocrctl_exporters::export::DecoderVariant::Gqa.part();
+    if !graphs.contains_key(gqa) {
+        return 0;
+    }
+    [gqa, graph::EMBED]
+        .iter()
+        .filter_map(|part| graphs.get(*part))
+        .map(|g| {
+            let f = model_dir.join("onnx").join(&g.file);
+            let len = std::fs::metadata(f).map_or(0, |m| m.len());
+            len.saturating_add(g.data_bytes)
+        })
+        .sum()
 }
 
 /// Notes about an export under a profile with TensorRT: contrib ops TensorRT cannot parse,

@@ -65,13 +65,29 @@ pub trait ImageEncoder: Send {
     fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError>;
 }
 
+/// Prefills pages away from the engine's thread, after their images are encoded there: a
+/// handle onto a second decoder (its own session and stream on a GPU) writing into cache
+/// sequences that [`Backend::reserve`] set aside, so the prompt's decoder run (~30 ms for an
+/// A4 page on an H200) no longer stalls the running batch's decode steps. A
+/// [`crate::generation::vision::VisionStage`] runs it on its own thread.
+pub trait PagePrefill<C>: Send {
+    /// Token ids → embeddings `[S, hidden]`, as [`Backend::embed`].
+    fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError>;
+
+    /// Runs the decoder on `embeds [S, hidden]` into `cache`, a sequence from
+    /// [`Backend::reserve`] holding no position yet. Returns the last position's logits and
+    /// the cache, now holding `S` positions.
+    fn prefill(&mut self, embeds: Array2<f32>, cache: C) -> Result<(Vec<f32>, C), BackendError>;
+}
+
 /// Each sequence's logits and extended cache after a decode step, in order.
 pub type BatchLogits<C> = (Vec<Vec<f32>>, Vec<C>);
 
 /// A loaded model that can run one request (batch 1).
 pub trait Backend {
-    /// Per-request decoder state (the KV cache).
-    type Cache;
+    /// Per-request decoder state (the KV cache); it crosses to a stage's thread when that
+    /// prefills ([`PagePrefill`]).
+    type Cache: Send + 'static;
 
     /// Hidden size of the decoder (width of embeddings and image features).
     fn hidden_size(&self) -> usize;
@@ -113,6 +129,23 @@ pub trait Backend {
     /// running both at once pays (a GPU: the encoder is compute-bound, large-batch decode
     /// steps are memory-bound); `None` (the default) keeps encoding on the engine's thread.
     fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
+        None
+    }
+
+    /// A handle that prefills pages on a vision stage's thread ([`PagePrefill`]), when the
+    /// backend has a fixed cache to reserve sequences in and a second decoder for it; `None`
+    /// (the default) prefills on the engine's thread.
+    fn page_prefill(&self) -> Option<Box<dyn PagePrefill<Self::Cache>>> {
+        None
+    }
+
+    /// Sets aside a cache sequence for a prompt of `positions` that a [`PagePrefill`] will
+    /// write on another thread, while this backend's decode steps go on (they must neither
+    /// write into the positions the prefill writes nor hand the sequence out again). `None`
+    /// when it cannot (no free sequence, a prompt that fills the whole sequence, no fixed
+    /// cache): the engine then prefills on its own thread.
+    fn reserve(&mut self, positions: usize) -> Option<Self::Cache> {
+        let _ = positions;
         None
     }
 

@@ -5,18 +5,19 @@
 //! its width, so merged image rows are visible in the output. The next token is a rule over
 //! every input so far (see [`FakeBackend::new`]); its logit is [`FakeBackend::peak`], all
 //! others 0. The other knobs add a delay, a panic or empty logits, a fixed number of cache
-//! slots, an image encoder for a vision stage, an image it refuses and device-side argmax and
-//! sampling candidates; the public counters say how it was called.
+//! slots, an image encoder and a page prefill for a vision stage, an image it refuses and
+//! device-side argmax and sampling candidates; the public counters say how it was called.
 
 use crate::runtime::backend::{
-    Backend, BackendError, BatchLogits, ImageEncoder, RowNeed, StepLogits,
+    Backend, BackendError, BatchLogits, ImageEncoder, PagePrefill, RowNeed, StepLogits,
 };
 use ndarray::{Array2, Array4};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Picks the next token from every input value so far, in order (see [`FakeBackend::new`]).
-type Rule = Box<dyn Fn(&[f32]) -> u32 + Send>;
+type Rule = Arc<dyn Fn(&[f32]) -> u32 + Send + Sync>;
 
 /// A fake model; build it with [`FakeBackend::new`] (or [`FakeBackend::sum`],
 /// [`FakeBackend::successor`]) and the knobs below.
@@ -31,6 +32,9 @@ pub struct FakeBackend {
     /// One clone per live cache: the strong count says how many slots are taken.
     held: Arc<()>,
     offers_encoder: bool,
+    offers_prefill: bool,
+    /// Prefills run by the stage's handle ([`FakeBackend::with_page_prefill`]).
+    stage_prefills: Arc<AtomicUsize>,
     refused_width: Option<usize>,
     decodes: usize,
     candidates: Option<usize>,
@@ -49,9 +53,9 @@ impl FakeBackend {
     /// A model over `vocab` ids whose next token is `rule(inputs)`: `inputs` holds every row
     /// the decoder has seen for this sequence (the prompt, its image rows replaced by the
     /// images' widths, then each token fed back), one value per row. The cache is that list.
-    pub fn new(vocab: usize, rule: impl Fn(&[f32]) -> u32 + Send + 'static) -> FakeBackend {
+    pub fn new(vocab: usize, rule: impl Fn(&[f32]) -> u32 + Send + Sync + 'static) -> FakeBackend {
         FakeBackend {
-            rule: Box::new(rule),
+            rule: Arc::new(rule),
             vocab,
             peak: 10.0,
             delay: Duration::ZERO,
@@ -60,6 +64,8 @@ impl FakeBackend {
             slots: None,
             held: Arc::new(()),
             offers_encoder: false,
+            offers_prefill: false,
+            stage_prefills: Arc::new(AtomicUsize::new(0)),
             refused_width: None,
             decodes: 0,
             candidates: None,
@@ -127,6 +133,19 @@ impl FakeBackend {
         self
     }
 
+    /// Offers a [`PagePrefill`] for the vision stage (with [`FakeBackend::with_image_encoder`]
+    /// and [`FakeBackend::slots`]): [`Backend::reserve`] sets a slot aside and the stage's
+    /// handle prefills into it with the same rule, sleeping `delay`.
+    pub fn with_page_prefill(mut self) -> FakeBackend {
+        self.offers_prefill = true;
+        self
+    }
+
+    /// Prefills the stage's handle has run.
+    pub fn stage_prefills(&self) -> usize {
+        self.stage_prefills.load(Ordering::Relaxed)
+    }
+
     /// Images `width` pixels wide fail to encode (on either path).
     pub fn refuse_image_width(mut self, width: usize) -> FakeBackend {
         self.refused_width = Some(width);
@@ -151,6 +170,43 @@ impl FakeBackend {
 pub struct FakeCache {
     history: Vec<f32>,
     _slot: Arc<()>,
+}
+
+/// The fake's stage prefill: the model's rule over the prompt, into a reserved slot.
+struct RulePrefill {
+    rule: Rule,
+    vocab: usize,
+    peak: f32,
+    delay: Duration,
+    count: Arc<AtomicUsize>,
+}
+
+impl PagePrefill<FakeCache> for RulePrefill {
+    fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+        Ok(embed_ids(ids))
+    }
+
+    fn prefill(
+        &mut self,
+        e: Array2<f32>,
+        mut cache: FakeCache,
+    ) -> Result<(Vec<f32>, FakeCache), BackendError> {
+        std::thread::sleep(self.delay);
+        if !cache.history.is_empty() {
+            return Err(BackendError::Invalid(
+                "a stage prefill into a used slot".into(),
+            ));
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        cache.history.extend(e.iter());
+        let mut logits = vec![0.0; self.vocab];
+        logits[(self.rule)(&cache.history) as usize] = self.peak;
+        Ok((logits, cache))
+    }
+}
+
+fn embed_ids(ids: &[u32]) -> Array2<f32> {
+    Array2::from_shape_fn((ids.len(), 1), |(i, _)| ids[i] as f32)
 }
 
 /// The fake's image encoder: an image's feature is its width.
@@ -194,14 +250,31 @@ impl Backend for FakeBackend {
         })
     }
 
+    fn page_prefill(&self) -> Option<Box<dyn PagePrefill<FakeCache>>> {
+        self.offers_prefill.then(|| {
+            Box::new(RulePrefill {
+                rule: self.rule.clone(),
+                vocab: self.vocab,
+                peak: self.peak,
+                delay: self.delay,
+                count: self.stage_prefills.clone(),
+            }) as Box<dyn PagePrefill<FakeCache>>
+        })
+    }
+
+    fn reserve(&mut self, _positions: usize) -> Option<FakeCache> {
+        (self.free_sequences()? > 0).then(|| FakeCache {
+            history: Vec::new(),
+            _slot: self.held.clone(),
+        })
+    }
+
     fn free_sequences(&self) -> Option<usize> {
         self.slots.map(|n| n.saturating_sub(self.taken_slots()))
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-        Ok(Array2::from_shape_fn((ids.len(), 1), |(i, _)| {
-            ids[i] as f32
-        }))
+        Ok(embed_ids(ids))
     }
 
     fn forward(

@@ -11,6 +11,13 @@
 //! and logits come out.
 //!
 //! - Prefill (and any run of S > 1 tokens) is a B = 1 run on the sequence's own slot.
+//! - A prefill stage (`super::stage`) runs that prefill with a second decoder session on
+//!   another thread (its own CUDA stream) while this session's decode steps go on, into a
+//!   slot [`GqaCache::reserve`] set aside: the slot's recorded length is the prompt's from
+//!   the start, so the dummy row of the concurrent steps (below) stays out of the rows the
+//!   prefill writes. The steps may read those rows mid-write; that row's results are
+//!   discarded. The engine adopts the sequence after the stage's run has returned its
+//!   logits to the host, so its writes are complete before a step reads them.
 //! - A decode step runs slots `0..=highest` at once; slots that are not in the step (free
 //!   ones, or sequences the caller left out) get a dummy token written at their next free
 //!   row, which their own next run overwrites before anything reads it. Free slots are handed
@@ -53,9 +60,36 @@ impl Drop for Slot {
     }
 }
 
+/// The KV buffers, shared by the model's [`GqaCache`] and a prefill stage's copy of it
+/// ([`GqaCache::for_stage`]): the memory lives until both are gone, so a stage thread still
+/// running when the model is dropped never writes into freed memory.
+struct KvBuffers {
+    /// Kept for ownership only; runs address the memory through `bases`.
+    _tensors: Vec<DynTensor>,
+    /// Each buffer's first byte (device or host address).
+    bases: Vec<usize>,
+}
+
+// SAFETY: the tensors are only freed when the last holder drops them; the addresses are
+// plain numbers, and every write through them happens inside an ONNX Runtime run on a slot
+// that one sequence owns (see the module documentation on prefill stages).
+unsafe impl Send for KvBuffers {}
+unsafe impl Sync for KvBuffers {}
+
+impl KvBuffers {
+    /// Buffer `j`'s address at slot `first`.
+    fn at(&self, j: usize, first: usize, slot_bytes: usize) -> *mut std::ffi::c_void {
+        (self.bases[j] + first * slot_bytes) as *mut std::ffi::c_void
+    }
+
+    fn len(&self) -> usize {
+        self.bases.len()
+    }
+}
+
 /// The slot pool and its buffers.
 pub(super) struct GqaCache {
-    buffers: Vec<DynTensor>,
+    buffers: Arc<KvBuffers>,
     /// Bytes of one slot in one buffer.
     slot_bytes: usize,
     elem: DType,
@@ -107,9 +141,9 @@ impl GqaCache {
             max_seq as i64,
             head_dim as i64,
         ];
-        let mut buffers = Vec::with_capacity(2 * layers);
+        let mut tensors = Vec::with_capacity(2 * layers);
         for _ in 0..2 * layers {
-            buffers.push(DynTensor::new(&alloc, ty, shape).map_err(|e| {
+            tensors.push(DynTensor::new(&alloc, ty, shape).map_err(|e| {
                 BackendError::runtime(
                     PART,
                     format!(
@@ -119,6 +153,14 @@ impl GqaCache {
             })?);
         }
         let elem_bytes = if elem == DType::F16 { 2 } else { 4 };
+        let bases = tensors
+            .iter_mut()
+            .map(|t| t.data_ptr_mut() as usize)
+            .collect();
+        let buffers = Arc::new(KvBuffers {
+            _tensors: tensors,
+            bases,
+        });
         Ok(GqaCache {
             buffers,
             slot_bytes: kv_heads * max_seq * head_dim * elem_bytes,
@@ -169,6 +211,47 @@ impl GqaCache {
             index,
             taken: self.taken.clone(),
         })
+    }
+
+    /// Takes the lowest free slot for a prompt of `positions` that a prefill stage will write
+    /// while decode steps go on ([`GqaCache::for_stage`]). Its recorded length is set to
+    /// `positions` at once, so the dummy row those steps write into a slot outside them lands
+    /// at row `positions` (which the sequence's first decode step overwrites) and never in
+    /// rows `0..positions` that the prefill writes. `None` when no slot is free or the prompt
+    /// would fill the whole slot (the dummy row would then fall inside it).
+    pub fn reserve(&mut self, positions: usize) -> Option<Slot> {
+        if positions == 0 || positions >= self.max_seq {
+            return None;
+        }
+        let slot = self.take().ok()?;
+        self.lens[slot.index] = positions;
+        Some(slot)
+    }
+
+    /// A copy of this cache for a prefill stage's decoder session: the same buffers and
+    /// slot pool (the memory lives until both copies are gone), no CUDA graphs. It prefills
+    /// reserved slots ([`GqaCache::reserve`]) only: the model's copy keeps the lengths that
+    /// its decode steps read.
+    pub fn for_stage(&self) -> GqaCache {
+        GqaCache {
+            buffers: self.buffers.clone(),
+            slot_bytes: self.slot_bytes,
+            elem: self.elem,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            slots: self.slots,
+            max_seq: self.max_seq,
+            kv_mem: self.kv_mem.clone(),
+            taken: self.taken.clone(),
+            lens: vec![0; self.slots],
+            past_names: self.past_names.clone(),
+            present_names: self.present_names.clone(),
+            has_next_token: self.has_next_token,
+            has_top: self.has_top,
+            last: None,
+            no_graph: None,
+            graphs: None,
+        }
     }
 
     /// Slots not taken.
@@ -260,11 +343,11 @@ impl GqaCache {
             self.head_dim as i64,
         ];
         let mut views = Vec::with_capacity(self.buffers.len());
-        for (j, buf) in self.buffers.iter_mut().enumerate() {
-            let base = buf.data_ptr_mut().cast::<u8>();
-            // SAFETY: slots first..first+rows lie inside the buffer (asserted above), which
-            // outlives the binding and the run; the views are dropped before this returns.
-            let ptr = unsafe { base.add(first * self.slot_bytes) }.cast();
+        for j in 0..self.buffers.len() {
+            // SAFETY (the views below): slots first..first+rows lie inside the buffer
+            // (asserted above), which outlives the binding and the run; the views are dropped
+            // before this returns.
+            let ptr = self.buffers.at(j, first, self.slot_bytes);
             let input =
                 unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
                     .map_err(rt)?;

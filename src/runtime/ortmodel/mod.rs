@@ -17,6 +17,7 @@ mod gqa;
 mod kv;
 mod repack;
 mod session;
+mod stage;
 mod tensors;
 mod vision;
 use vision::{encode, VisionHandle};
@@ -24,7 +25,9 @@ use vision::{encode, VisionHandle};
 pub use binding::{KvPath, KvStats};
 pub use kv::OrtCache;
 
-use crate::runtime::backend::{Backend, BackendError, ImageEncoder, RowNeed, StepLogits};
+use crate::runtime::backend::{
+    Backend, BackendError, ImageEncoder, PagePrefill, RowNeed, StepLogits,
+};
 use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
 use kv::{BatchKv, KvDims};
@@ -65,6 +68,13 @@ pub struct LoadOptions {
     /// Offer the vision encoder to a vision stage (on a GPU): pages' images are encoded on
     /// a thread of their own while the decoder steps (see [`crate::generation::vision`]).
     pub vision_stage: bool,
+    /// With the vision stage and the GQA decoder, also prefill pages on the stage's thread
+    /// with a second decoder session, so prompts no longer stall the decode steps (see
+    /// `stage`); costs a second copy of the decoder's weights.
+    pub prefill_stage: bool,
+    /// Run the stages on the CPU provider too (tests: on the CPU they share its cores, which
+    /// is why they are GPU-only otherwise).
+    pub stages_on_cpu: bool,
 }
 
 impl LoadOptions {
@@ -81,6 +91,8 @@ impl LoadOptions {
             kv_slots: 1,
             max_sequence_length: 0,
             vision_stage: true,
+            prefill_stage: true,
+            stages_on_cpu: false,
         }
     }
 }
@@ -116,8 +128,11 @@ pub struct OrtModel {
     decoder_takes_positions: bool,
     /// The decoder session's main execution provider.
     provider: Provider,
-    /// Whether [`Backend::image_encoder`] may offer the encoder ([`LoadOptions::vision_stage`]).
+    /// Whether [`Backend::image_encoder`] may offer the encoder ([`LoadOptions::vision_stage`],
+    /// and a GPU provider or [`LoadOptions::stages_on_cpu`]).
     vision_stage: bool,
+    /// The prefill stage's sessions, when it has them ([`LoadOptions::prefill_stage`]).
+    prefill_stage: Option<Arc<Mutex<stage::PrefillParts>>>,
     placement: Placement,
     /// Repacks in the decoder's memory (`None` if its session could not be made or failed).
     repacker: Option<Repacker>,
@@ -330,6 +345,34 @@ impl OrtModel {
                 Some(cache)
             }
         };
+        let stages = opts.vision_stage && (decoder.provider.is_gpu() || opts.stages_on_cpu);
+        let prefill_stage = match &gqa {
+            Some(cache) if stages && opts.prefill_stage => {
+                let mut plain = opts.clone();
+                plain.providers.cuda.cuda_graphs = false;
+                let built = session::build(&env, &decoder_path, &plain, None).and_then(|d| {
+                    let e = session::build(&env, &path_of(graph::EMBED)?, &plain, None)?;
+                    Ok((d.session, e.session))
+                });
+                match built {
+                    Ok((decoder, embed)) => Some(Arc::new(Mutex::new(stage::PrefillParts {
+                        embed,
+                        decoder,
+                        cache: cache.for_stage(),
+                        act,
+                        host: placement.host.clone(),
+                        runs: 0,
+                    }))),
+                    Err(e) => {
+                        tracing::warn!(
+                            "prefill stage unavailable ({e}); pages prefill between decode steps"
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let gqa_location = gqa.as_ref().map(|_| {
             format!(
                 "{}:{}",
@@ -349,7 +392,8 @@ impl OrtModel {
                 .any(|i| i.name() == tensor::POSITION_IDS),
             decoder: decoder.session,
             provider: decoder.provider,
-            vision_stage: opts.vision_stage,
+            vision_stage: stages,
+            prefill_stage,
             placement,
             repacker,
             kv_path: KvPath::Bound,
@@ -409,6 +453,12 @@ impl OrtModel {
     pub fn kv_stats(&self) -> &KvStats {
         &self.stats
     }
+
+    /// Prefills the prefill stage has run (`None` without one, [`LoadOptions::prefill_stage`]).
+    pub fn prefill_stage_runs(&self) -> Option<usize> {
+        let parts = self.prefill_stage.as_ref()?;
+        Some(parts.lock().unwrap_or_else(|e| e.into_inner()).runs)
+    }
 }
 
 /// Receives calibration outputs: weight name, shape and values.
@@ -455,11 +505,26 @@ impl Backend for OrtModel {
     fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
         // Only on a GPU (on the CPU both would share the same cores), unless switched off,
         // and never while a calibration tap reads the encoder's outputs on this thread.
-        (self.vision_stage && self.provider.is_gpu() && self.tap.is_none()).then(|| {
+        (self.vision_stage && self.tap.is_none()).then(|| {
             Box::new(VisionHandle {
                 vision: self.vision.clone(),
             }) as Box<dyn ImageEncoder>
         })
+    }
+
+    fn page_prefill(&self) -> Option<Box<dyn PagePrefill<OrtCache>>> {
+        let parts = self.prefill_stage.as_ref()?;
+        (self.vision_stage && self.tap.is_none()).then(|| {
+            Box::new(stage::PrefillHandle {
+                parts: parts.clone(),
+            }) as Box<dyn PagePrefill<OrtCache>>
+        })
+    }
+
+    fn reserve(&mut self, positions: usize) -> Option<OrtCache> {
+        self.prefill_stage.as_ref()?;
+        let slot = self.gqa.as_mut()?.reserve(positions)?;
+        Some(OrtCache::in_slot(slot))
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
@@ -562,20 +627,29 @@ impl Backend for OrtModel {
 impl OrtModel {
     /// Embeddings of `ids` shaped `shape` (`[B, S]`) as a value of the graph's dtype.
     fn embed_ids(&mut self, shape: Vec<i64>, ids: &[u32]) -> Result<DynTensor, BackendError> {
-        const PART: &str = graph::EMBED;
-        let ids = i64_tensor(shape, ids.iter().map(|t| *t as i64).collect(), PART)?;
-        let mut out = self
-            .embed
-            .run(vec![(
-                Cow::from(tensor::INPUT_IDS),
-                SessionInputValue::from(ids),
-            )])
-            .map_err(|e| BackendError::runtime(PART, e))?;
-        let v = out
-            .remove(tensor::INPUTS_EMBEDS)
-            .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
-        as_tensor(v, PART)
+        embed_with(&mut self.embed, shape, ids)
     }
+}
+
+/// Embeddings of `ids` shaped `shape` (`[B, S]`) by the embedding session `embed`, as a
+/// value of the graph's dtype.
+fn embed_with(
+    embed: &mut Session,
+    shape: Vec<i64>,
+    ids: &[u32],
+) -> Result<DynTensor, BackendError> {
+    const PART: &str = graph::EMBED;
+    let ids = i64_tensor(shape, ids.iter().map(|t| *t as i64).collect(), PART)?;
+    let mut out = embed
+        .run(vec![(
+            Cow::from(tensor::INPUT_IDS),
+            SessionInputValue::from(ids),
+        )])
+        .map_err(|e| BackendError::runtime(PART, e))?;
+    let v = out
+        .remove(tensor::INPUTS_EMBEDS)
+        .ok_or_else(|| BackendError::runtime(PART, "no inputs_embeds output"))?;
+    as_tensor(v, PART)
 }
 
 #[cfg(test)]

@@ -58,7 +58,7 @@ struct Bucket {
     /// The sampling candidates, when the graph has them.
     top: Option<Candidates>,
     /// The KV views bound as past inputs (bound by pointer: they must outlive the binding).
-    _past: Vec<Box<dyn std::any::Any>>,
+    _past: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 impl DecodeGraphs {
@@ -177,8 +177,8 @@ impl GqaCache {
             self.max_seq as i64,
             self.head_dim as i64,
         ];
-        for (j, buf) in self.buffers.iter_mut().enumerate() {
-            let ptr = buf.data_ptr_mut().cast::<std::ffi::c_void>();
+        for j in 0..self.buffers.len() {
+            let ptr = self.buffers.at(j, 0, self.slot_bytes);
             // SAFETY: slots 0..rows lie inside the buffer (rows <= slots), which lives as long
             // as the cache, and so as long as this binding.
             let input =

@@ -1,0 +1,87 @@
+//! The GQA decoder's prefill on a vision stage's thread ([`PrefillHandle`], a
+//! [`PagePrefill`]).
+//!
+//! The model's decoder session captures CUDA graphs, and ONNX Runtime's CUDA provider then runs
+//! every call of that session on one stream: a prefill there would wait for the decode steps
+//! and stall them. So the stage gets a second decoder session (and embedding session) of the
+//! same graphs, without graphs: its runs go on a stream of their own, concurrently with the
+//! steps, into a slot [`super::gqa::GqaCache::reserve`] set aside in the shared buffers. The
+//! price is a second copy of the decoder's weights in GPU memory
+//! ([`crate::runtime::ortmodel::LoadOptions::prefill_stage`] switches it off).
+
+use super::gqa::GqaCache;
+use super::tensors::{float_tensor, read_f};
+use super::{embed_with, graph, OrtCache};
+use crate::runtime::backend::{BackendError, PagePrefill, RowNeed, StepLogits};
+use ndarray::Array2;
+use ocrctl_exporters::graph::DType;
+use ort::memory::MemoryInfo;
+use ort::session::Session;
+use std::sync::{Arc, Mutex};
+
+/// The stage's sessions and its copy of the KV cache.
+pub(super) struct PrefillParts {
+    pub embed: Session,
+    pub decoder: Session,
+    pub cache: GqaCache,
+    pub act: DType,
+    pub host: MemoryInfo<'static>,
+    /// Prefills run so far.
+    pub runs: usize,
+}
+
+/// A [`PagePrefill`] over [`PrefillParts`] (shared so the model can hand out more than one;
+/// runs take turns through the mutex).
+pub(super) struct PrefillHandle {
+    pub parts: Arc<Mutex<PrefillParts>>,
+}
+
+impl PagePrefill<OrtCache> for PrefillHandle {
+    fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+        const PART: &str = graph::EMBED;
+        let mut p = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        let v = embed_with(&mut p.embed, vec![1, ids.len() as i64], ids)?;
+        let (shape, data) = read_f(&v, PART)?;
+        Array2::from_shape_vec((shape[1], shape[2]), data)
+            .map_err(|e| BackendError::runtime(PART, e))
+    }
+
+    fn prefill(
+        &mut self,
+        embeds: Array2<f32>,
+        mut cache: OrtCache,
+    ) -> Result<(Vec<f32>, OrtCache), BackendError> {
+        const PART: &str = graph::DECODER_GQA;
+        let slot = match (&cache.slot, cache.len) {
+            (Some(s), 0) => s.index,
+            _ => {
+                return Err(BackendError::Invalid(
+                    "a stage prefill needs a reserved, empty KV cache slot".into(),
+                ))
+            }
+        };
+        let (s, d) = (embeds.nrows(), embeds.ncols());
+        let mut guard = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        let p = &mut *guard;
+        let data: Vec<f32> = embeds.into_iter().collect();
+        let e = float_tensor(p.act, vec![1, s as i64, d as i64], data, PART)?;
+        let (mut out, _, _) = p.cache.run(
+            &mut p.decoder,
+            &p.host,
+            slot,
+            e,
+            &[0],
+            s,
+            &[(0, RowNeed::Full)],
+        )?;
+        cache.len = s;
+        p.runs += 1;
+        match out.pop() {
+            Some(StepLogits::Full(l)) => Ok((l, cache)),
+            _ => Err(BackendError::runtime(
+                PART,
+                "no logits for the prefill's row",
+            )),
+        }
+    }
+}
