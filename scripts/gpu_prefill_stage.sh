@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The prefill stage on the GPU machine (device tool): pages prefilled on the vision stage's
 # thread with a second decoder session, concurrently with the decode steps, against prefilled
-# between decode steps on the engine's thread (`--prefill-stage on|off`; same binary, same
-# graphs, CUDA graphs and the vision stage on). STEP=parity: the fixture's CUDA parity through
-# the engine both ways (batch 3, so pages prefill while others decode; scripts/check_golden.py).
-# STEP=bench: the dummy full-size model (fp16 GQA, A4 page) benchmarked off and on alternately
-# (ROUNDS), then, with SERVE=1, `serve --profile 16gb` under load both ways
+# between decode steps on the engine's thread (`--prefill-stage on|off`), each with and without
+# the decode steps' priority stream (`--decode-priority on|off`); same binary, same graphs,
+# CUDA graphs and the vision stage on. VARIANTS lists prefill:priority pairs (off:off off:on
+# on:off on:on). STEP=parity: the fixture's CUDA parity through the engine for each variant
+# (batch 3, so pages prefill while others decode; scripts/check_golden.py). STEP=bench: the
+# dummy full-size model (fp16 GQA, A4 page) benchmarked in each variant in turn (ROUNDS), then,
+# with SERVE=1, `serve --profile 16gb` under load with the prefill stage off and on
 # (scripts/gpu_serve_check.sh). Results to $OUT.
 # Needs ONNX Runtime's GPU parts and ocrctl.zst as for scripts/gpu_compare.sh.
 # Knobs: STEP (parity bench), BATCHES (1,8,32,64,128), NEW_TOKENS (1024), PER_SLOT (1), ROUNDS (1),
@@ -19,20 +21,21 @@ if [ "$step" = parity ]; then
   M=/tmp/fixture-export
   rm -rf $M
   $BIN export --checkpoint $FX/checkpoint --out $M --precision fp16 >/dev/null
-  for v in off on; do
-    echo "== fixture, gqa fp16, CUDA graphs on, prefill stage $v"
+  for v in ${VARIANTS:-off:off off:on on:off on:on}; do
+    echo "== fixture, gqa fp16, CUDA graphs on, prefill stage ${v%:*}, decode priority ${v#*:}"
     $BIN ocr --model $M --decoder gqa --precision fp16 --providers cuda --strict-providers \
-      --cuda-graphs on --prefill-stage $v --max-tokens 40 --ignore-eos --temperature 0 --top-logprobs 5 \
-      --json --quiet --batch-size 3 $FX/images/* 2>"$OUT/fixture-$v.log" | tee "$OUT/fixture-$v.jsonl" \
-      | python3 scripts/check_golden.py $FX/golden/golden.json 0.05 || echo "PARITY FAILED (prefill stage $v)"
+      --cuda-graphs on --prefill-stage ${v%:*} --decode-priority ${v#*:} --max-tokens 40 --ignore-eos --temperature 0 --top-logprobs 5 \
+      --json --quiet --batch-size 3 $FX/images/* 2>"$OUT/fixture-${v/:/-}.log" | tee "$OUT/fixture-${v/:/-}.jsonl" \
+      | python3 scripts/check_golden.py $FX/golden/golden.json 0.05 || echo "PARITY FAILED ($v)"
+    grep -iE "graphs|priority|stage" "$OUT/fixture-${v/:/-}.log" | head -3
   done
   python3 - "$OUT" <<'PY'
-import json, sys
-o = sys.argv[1]
-a = [json.loads(l) for l in open(f"{o}/fixture-off.jsonl")]
-b = [json.loads(l) for l in open(f"{o}/fixture-on.jsonl")]
-same = sum(x.get("text") == y.get("text") for x, y in zip(a, b))
-print(f"{same}/{len(a)} pages read the same with and without the prefill stage")
+import glob, json, sys
+runs = {f: [json.loads(l) for l in open(f)] for f in sorted(glob.glob(f"{sys.argv[1]}/fixture-*.jsonl"))}
+base = next(iter(runs.values()))
+for f, r in runs.items():
+    same = sum(x.get("text") == y.get("text") for x, y in zip(base, r))
+    print(f"{f}: {same}/{len(base)} pages read as the first variant")
 PY
 fi
 if [ "$step" = bench ]; then
@@ -40,12 +43,12 @@ if [ "$step" = bench ]; then
   [ -f $D/onnx/decoder_model_gqa_fp16.onnx ] || $BIN export --checkpoint dummy:lightonocr-2-1b \
     --out $D --precision fp16 --decoder gqa --force >/dev/null 2>&1
   for round in $(seq 1 "${ROUNDS:-1}"); do
-    for v in off on; do
-      echo "== bench, prefill stage $v, round $round"
+    for v in ${VARIANTS:-off:off off:on on:off on:on}; do
+      echo "== bench, prefill stage ${v%:*}, decode priority ${v#*:}, round $round"
       $BIN bench --model $D --precision fp16 --decoder gqa --providers cuda --strict-providers \
-        --cuda-graphs on --prefill-stage $v --sizes 1092x1540 --new-tokens "${NEW_TOKENS:-1024}" \
+        --cuda-graphs on --prefill-stage ${v%:*} --decode-priority ${v#*:} --sizes 1092x1540 --new-tokens "${NEW_TOKENS:-1024}" \
         --runs 1 --batch-sizes "${BATCHES:-1,8,32,64,128}" --pages-per-slot "${PER_SLOT:-1}" \
-        --json-out "$OUT/bench-$v-$round.json" 2>&1 | tee "$OUT/bench-$v-$round.txt" | tail -9
+        --json-out "$OUT/bench-${v/:/-}-$round.json" 2>&1 | tee "$OUT/bench-${v/:/-}-$round.txt" | tail -"${TAIL:-9}"
     done
   done
   if [ "${SERVE:-1}" = 1 ]; then

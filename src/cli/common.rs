@@ -64,6 +64,11 @@ pub struct RuntimeArgs {
     #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "on", action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new())]
     pub prefill_stage: bool,
+    /// Run the decoder's decode steps on a CUDA stream of the greatest priority, so that
+    /// pages being encoded or prefilled meanwhile slow them less (`on`/`off`; CUDA only).
+    #[arg(long, env = "OCRCTL_DECODE_PRIORITY", default_value = "on", action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new())]
+    pub decode_priority: bool,
 }
 
 /// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
@@ -182,6 +187,7 @@ impl RuntimeArgs {
                     same_as_requested: c.arena_extend_strategy
                         == ArenaExtendStrategy::SameAsRequested,
                     cuda_graphs: c.cuda_graphs,
+                    decode_priority: self.decode_priority,
                 };
             }
             if let Some(t) = &p.tensorrt {
@@ -215,6 +221,7 @@ impl RuntimeArgs {
         if let Some(g) = self.cuda_graphs {
             pc.cuda.cuda_graphs = g;
         }
+        pc.cuda.decode_priority = self.decode_priority;
         lo.providers = pc;
         lo.vision_stage = self.vision_stage;
         lo.prefill_stage = self.prefill_stage;

@@ -348,8 +348,11 @@ impl OrtModel {
         let stages = opts.vision_stage && (decoder.provider.is_gpu() || opts.stages_on_cpu);
         let prefill_stage = match &gqa {
             Some(cache) if stages && opts.prefill_stage => {
+                // No graphs and ONNX Runtime's own (low-priority) stream: the stage's runs yield
+                // to the decode steps.
                 let mut plain = opts.clone();
                 plain.providers.cuda.cuda_graphs = false;
+                plain.providers.cuda.decode_priority = false;
                 let built = session::build(&env, &decoder_path, &plain, None).and_then(|d| {
                     let e = session::build(&env, &path_of(graph::EMBED)?, &plain, None)?;
                     Ok((d.session, e.session))
