@@ -10,10 +10,11 @@
 //! separate CUDA streams.
 //!
 //! Where the backend also offers a [`PagePrefill`] (a second decoder session writing into a
-//! cache sequence that [`crate::runtime::backend::Backend::reserve`] set aside), the stage
-//! prefills the page too, and the engine's thread only adopts the finished sequence: the
-//! ~30 ms prompt run of an A4 page then overlaps the decode steps as the encoder run does,
-//! instead of stalling them.
+//! cache sequence that [`crate::runtime::backend::Backend::reserve`] set aside), a second
+//! thread of the stage prefills each page once its features are made (while the next page is
+//! encoded), and the engine's thread only adopts the finished sequence: the ~30 ms prompt run
+//! of an A4 page then overlaps the decode steps as the encoder run does, instead of stalling
+//! them.
 //!
 //! The thread works in submission order; each result carries its submission's ticket so the
 //! engine can drop those of requests cancelled meanwhile (dropping a result frees the cache
@@ -87,80 +88,109 @@ pub struct VisionStage<C> {
     /// Jobs sent whose results have not come back yet.
     in_flight: usize,
     prefills: bool,
-    thread: Option<JoinHandle<()>>,
+    /// The encoder thread, then the prefill thread if any.
+    threads: Vec<JoinHandle<()>>,
     next_ticket: u64,
 }
 
-/// One job on the stage's thread: the images' features, then the prefill when asked for.
-fn work<C>(
-    encoder: &mut dyn ImageEncoder,
-    prefiller: Option<&mut Box<dyn PagePrefill<C>>>,
-    images: &[Array4<f32>],
-    prefill: Option<PrefillJob<C>>,
+/// `f()`, with a panic turned into an error naming the stage's `part` (a panic drops what
+/// `f` held, such as a job's cache, whose sequence is then free again).
+fn guarded<T>(part: &str, f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(BackendError::Invalid(format!(
+            "the {part} panicked: {}",
+            panic_message(p.as_ref())
+        )))
+    })
+}
+
+/// A page's prefill on the prefill thread, from its images' features.
+fn prefill_page<C>(
+    p: &mut dyn PagePrefill<C>,
+    features: &[Array2<f32>],
+    job: PrefillJob<C>,
 ) -> Result<Staged<C>, BackendError> {
-    let features = images
-        .iter()
-        .map(|p| encoder.encode(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    let (Some(job), Some(p)) = (prefill, prefiller) else {
-        return Ok(Staged::Features(features));
-    };
     let e = prompt_embeds(
         |ids| p.embed(ids),
         &job.prompt_ids,
         job.image_token_id,
-        &features,
+        features,
     )?;
     let (logits, cache) = p.prefill(e, job.cache)?;
     Ok(Staged::Prefilled { logits, cache })
 }
 
+/// A page whose features are made, on its way to the prefill thread.
+type ToPrefill<C> = (u64, Vec<Array2<f32>>, PrefillJob<C>);
+
 impl<C: Send + 'static> VisionStage<C> {
-    /// Starts the stage's thread with `encoder`, and `prefiller` for submissions that carry
-    /// a [`PrefillJob`].
+    /// Starts the stage's thread with `encoder`, and, with a `prefiller`, a second thread
+    /// for submissions that carry a [`PrefillJob`]: the encoder thread hands it each such
+    /// page's features, so one page's prefill runs while the next page is encoded.
     pub fn start(
         mut encoder: Box<dyn ImageEncoder>,
-        mut prefiller: Option<Box<dyn PagePrefill<C>>>,
+        prefiller: Option<Box<dyn PagePrefill<C>>>,
     ) -> VisionStage<C> {
-        let prefills = prefiller.is_some();
         let (jobs, rx) = mpsc::channel::<Job<C>>();
         let (tx, done) = mpsc::channel();
-        let thread = std::thread::Builder::new()
+        let mut threads = Vec::new();
+        let to_prefill = prefiller.and_then(|mut p| {
+            let (ptx, prx) = mpsc::channel::<ToPrefill<C>>();
+            let tx = tx.clone();
+            let t = std::thread::Builder::new()
+                .name("ocrctl-prefill".into())
+                .spawn(move || {
+                    for (ticket, features, job) in prx {
+                        let span = tracing::debug_span!("stage prefill", ticket);
+                        let _e = span.enter();
+                        let result =
+                            guarded("prefill stage", || prefill_page(p.as_mut(), &features, job));
+                        if tx.send(Encoded { ticket, result }).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .ok()?;
+            threads.push(t);
+            Some(ptx)
+        });
+        let prefills = to_prefill.is_some();
+        let vision = std::thread::Builder::new()
             .name("ocrctl-vision".into())
             .spawn(move || {
+                // Ends with the queue; dropping `to_prefill` then ends the prefill thread
+                // after the pages handed to it.
                 for job in rx {
-                    let span = tracing::debug_span!(
-                        "vision",
-                        images = job.images.len(),
-                        prefill = job.prefill.is_some()
-                    );
+                    let span = tracing::debug_span!("vision", images = job.images.len());
                     let _e = span.enter();
-                    let (images, prefill) = (job.images, job.prefill);
-                    // A panic drops the job's cache (its sequence is free again) and fails
-                    // this request only.
-                    let result = catch_unwind(AssertUnwindSafe(|| {
-                        work(encoder.as_mut(), prefiller.as_mut(), &images, prefill)
-                    }))
-                    .unwrap_or_else(|p| {
-                        Err(BackendError::Invalid(format!(
-                            "the vision stage panicked: {}",
-                            panic_message(p.as_ref())
-                        )))
+                    let features = guarded("vision stage", || {
+                        job.images.iter().map(|p| encoder.encode(p)).collect()
                     });
                     let ticket = job.ticket;
+                    let result = match (features, job.prefill, &to_prefill) {
+                        (Ok(f), Some(pj), Some(ptx)) => {
+                            if ptx.send((ticket, f, pj)).is_err() {
+                                break;
+                            }
+                            continue;
+                        }
+                        (features, _, _) => features.map(Staged::Features),
+                    };
                     if tx.send(Encoded { ticket, result }).is_err() {
                         break;
                     }
                 }
             })
             .ok();
+        // The vision thread first: its end closes the prefill thread's queue.
+        let running = vision.map(|t| threads.insert(0, t)).is_some();
         VisionStage {
-            jobs: thread.as_ref().map(|_| jobs),
+            jobs: running.then_some(jobs),
             done,
             ready: VecDeque::new(),
             in_flight: 0,
             prefills,
-            thread,
+            threads,
             next_ticket: 0,
         }
     }
@@ -229,7 +259,7 @@ impl<C> Drop for VisionStage<C> {
     fn drop(&mut self) {
         // Closing the queue ends the thread after its current job.
         self.jobs = None;
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
