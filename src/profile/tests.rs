@@ -247,3 +247,24 @@ fn budget_rows_for_a_small_profile_by_hand() {
     assert!(b.fits(), "{b}");
     assert!(b.advice().is_empty());
 }
+
+#[test]
+fn a_prefill_stage_adds_its_second_copy_of_the_decoder() {
+    let p = parse(yaml_16gb()).unwrap();
+    let d = ModelDims::lightonocr_2_1b();
+    let plain = budget(&p, &d, 1000 * MIB, Some(16 * GIB));
+    assert!(plain.rows.iter().all(|r| r.item != "prefill stage weights"));
+    let opts = BudgetOptions {
+        stage_weights_bytes: 300 * MIB,
+        ..BudgetOptions::default()
+    };
+    let staged = budget_with(&p, &d, 1000 * MIB, Some(16 * GIB), opts);
+    let row = staged
+        .rows
+        .iter()
+        .find(|r| r.item == "prefill stage weights")
+        .expect("a row for the stage");
+    assert_eq!(row.bytes, 300 * MIB);
+    assert!(row.detail.contains("--prefill-stage off"), "{}", row.detail);
+    assert_eq!(staged.total, plain.total + 300 * MIB);
+}

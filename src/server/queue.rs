@@ -77,11 +77,6 @@ impl EngineSlot {
         self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Whether its batch has room now (set by its engine thread).
-    pub fn set_room(&self, room: bool) {
-        self.room.store(room, Ordering::Release);
-    }
-
     fn load(&self) -> u64 {
         self.load_tokens.load(Ordering::Acquire)
     }
@@ -154,6 +149,22 @@ impl Shared {
         self.engines[engine]
             .state
             .store(ModelState::Ready as u8, Ordering::Release);
+        self.notify();
+    }
+
+    /// Whether engine `engine`'s batch has room now (set by its engine thread); a change
+    /// wakes the engines waiting in [`Shared::next_job`], which weigh the others' room.
+    pub fn set_room(&self, engine: usize, room: bool) {
+        if self.engines[engine].room.swap(room, Ordering::AcqRel) != room {
+            self.notify();
+        }
+    }
+
+    /// Wakes the engines waiting for a job. The queue's lock is taken first so that no
+    /// waiter can be between its check and its wait (it would miss this wake-up): every
+    /// change the waiters weigh is stored before this is called.
+    fn notify(&self) {
+        let _q = self.lock();
         self.wake.notify_all();
     }
 
@@ -172,7 +183,7 @@ impl Shared {
                     .send(JobEvent::Failed(ApiError::Unavailable(why.clone())));
             }
         }
-        self.wake.notify_all();
+        self.notify();
     }
 
     /// Requests in all decode batches.
@@ -263,9 +274,10 @@ impl Shared {
             if !block || now >= until {
                 return None;
             }
+            // Every change `better_engine_than` weighs (room, state, load) wakes this.
             let (g, _) = self
                 .wake
-                .wait_timeout(q, (until - now).min(Duration::from_millis(50)))
+                .wait_timeout(q, until - now)
                 .unwrap_or_else(|e| e.into_inner());
             q = g;
         }
@@ -282,6 +294,6 @@ impl Shared {
         let _ = l.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
             Some(v.saturating_sub(tokens))
         });
-        self.wake.notify_all();
+        self.notify();
     }
 }

@@ -132,7 +132,7 @@ pub fn run_worker<B: Backend>(
     loop {
         loop {
             let room = engine.has_room(&batch);
-            slot.set_room(room);
+            shared.set_room(me, room);
             if !room {
                 break;
             }
@@ -493,6 +493,34 @@ mod tests {
         shared.submit(j).unwrap();
         assert_eq!(text_of(&mut rx).0, "123");
         assert_eq!((admitted(busy), admitted(1 - busy)), (2, 7));
+    }
+
+    /// An engine leaves a job to a less loaded one with room; when that one's room goes,
+    /// the waiting engine is woken and takes the job (no timed re-check to wait for).
+    #[test]
+    fn a_room_change_wakes_the_engine_that_deferred() {
+        let shared = Arc::new(Shared::with_engines(8, vec!["a".into(), "b".into()]));
+        shared.set_ready(0);
+        shared.set_ready(1);
+        shared.set_room(0, true);
+        shared.set_room(1, true);
+        shared.engines[1].load_tokens.store(500, Ordering::Relaxed);
+        let (j, _rx) = job(3, &[], Duration::from_secs(600));
+        shared.submit(j).unwrap();
+        // Engine 1 holds more tokens than engine 0, which has room: it defers.
+        assert!(shared.next_job(1, false, Duration::ZERO).is_none());
+        let s = shared.clone();
+        let waiting = std::thread::spawn(move || {
+            let t = Instant::now();
+            let job = s.next_job(1, true, Duration::from_secs(60));
+            (job.is_some(), t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        shared.set_room(0, false);
+        let (took, waited) = waiting.join().unwrap();
+        assert!(took);
+        // Woken by the change, not by the end of its 60 s wait.
+        assert!(waited < Duration::from_secs(30), "{waited:?}");
     }
 
     #[test]
