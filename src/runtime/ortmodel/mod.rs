@@ -531,11 +531,7 @@ impl Backend for OrtModel {
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-        const PART: &str = graph::EMBED;
-        let v = self.embed_ids(vec![1, ids.len() as i64], ids)?;
-        let (shape, data) = read_f(&v, PART)?;
-        Array2::from_shape_vec((shape[1], shape[2]), data)
-            .map_err(|e| BackendError::runtime(PART, e))
+        embed_rows(&mut self.embed, ids)
     }
 
     fn forward(
@@ -632,6 +628,15 @@ impl OrtModel {
     fn embed_ids(&mut self, shape: Vec<i64>, ids: &[u32]) -> Result<DynTensor, BackendError> {
         embed_with(&mut self.embed, shape, ids)
     }
+}
+
+/// One sequence's embeddings `[S, hidden]` of `ids` by the embedding session `embed`, as
+/// float32 ([`Backend::embed`]).
+fn embed_rows(embed: &mut Session, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+    const PART: &str = graph::EMBED;
+    let v = embed_with(embed, vec![1, ids.len() as i64], ids)?;
+    let (shape, data) = read_f(&v, PART)?;
+    Array2::from_shape_vec((shape[1], shape[2]), data).map_err(|e| BackendError::runtime(PART, e))
 }
 
 /// Embeddings of `ids` shaped `shape` (`[B, S]`) by the embedding session `embed`, as a

@@ -10,8 +10,8 @@
 //! ([`crate::runtime::ortmodel::LoadOptions::prefill_stage`] switches it off).
 
 use super::gqa::GqaCache;
-use super::tensors::{float_tensor, read_f};
-use super::{embed_with, graph, OrtCache};
+use super::tensors::float_tensor;
+use super::{embed_rows, graph, OrtCache};
 use crate::runtime::backend::{BackendError, PagePrefill, RowNeed, StepLogits};
 use ndarray::Array2;
 use ocrctl_exporters::graph::DType;
@@ -38,12 +38,8 @@ pub(super) struct PrefillHandle {
 
 impl PagePrefill<OrtCache> for PrefillHandle {
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
-        const PART: &str = graph::EMBED;
         let mut p = self.parts.lock().unwrap_or_else(|e| e.into_inner());
-        let v = embed_with(&mut p.embed, vec![1, ids.len() as i64], ids)?;
-        let (shape, data) = read_f(&v, PART)?;
-        Array2::from_shape_vec((shape[1], shape[2]), data)
-            .map_err(|e| BackendError::runtime(PART, e))
+        embed_rows(&mut p.embed, ids)
     }
 
     fn prefill(
