@@ -336,29 +336,9 @@ impl GqaCache {
         b.bind_input(tensor::SEQLENS_K, &seqlens).map_err(rt)?;
         b.bind_input(tensor::TOTAL_SEQUENCE_LENGTH, &total)
             .map_err(rt)?;
-        let shape = [
-            rows as i64,
-            self.kv_heads as i64,
-            self.max_seq as i64,
-            self.head_dim as i64,
-        ];
-        let mut views = Vec::with_capacity(self.buffers.len());
-        for j in 0..self.buffers.len() {
-            // SAFETY (the views below): slots first..first+rows lie inside the buffer
-            // (asserted above), which outlives the binding and the run; the views are dropped
-            // before this returns.
-            let ptr = self.buffers.at(j, first, self.slot_bytes);
-            let input =
-                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
-                    .map_err(rt)?;
-            let output =
-                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
-                    .map_err(rt)?;
-            bind_input_in_place(&mut b, &self.past_names[j], &input)?;
-            b.bind_output(self.present_names[j].as_str(), output)
-                .map_err(rt)?;
-            views.push(input);
-        }
+        // SAFETY: slots first..first+rows lie inside the buffers (asserted above), which
+        // outlive the binding and the run; the views are dropped before this returns.
+        let views = unsafe { self.bind_slots::<T>(&mut b, first, rows) }?;
         let fetch = Fetch::plan(want, self.has_next_token, self.has_top);
         let logits_mem = if fetch.full { host } else { &self.kv_mem };
         b.bind_output_to_device(tensor::LOGITS, logits_mem)
@@ -418,6 +398,41 @@ impl GqaCache {
         drop(b);
         drop(views);
         Ok((rows_out, run_ns, read_ns))
+    }
+
+    /// Binds views of slots `first..first + rows` of every KV buffer to `b` as both the past
+    /// input and the present output (GroupQueryAttention then writes in place), and returns
+    /// the input views, which must live as long as the binding.
+    ///
+    /// # Safety
+    /// `first + rows <= self.slots`, and the binding must not outlive the buffers.
+    pub(super) unsafe fn bind_slots<T: PrimitiveTensorElementType + std::fmt::Debug + 'static>(
+        &self,
+        b: &mut IoBinding,
+        first: usize,
+        rows: usize,
+    ) -> Result<Vec<TensorRefMut<'static, T>>, BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(PART, e);
+        let shape = [
+            rows as i64,
+            self.kv_heads as i64,
+            self.max_seq as i64,
+            self.head_dim as i64,
+        ];
+        let mut views = Vec::with_capacity(self.buffers.len());
+        for j in 0..self.buffers.len() {
+            let ptr = self.buffers.at(j, first, self.slot_bytes);
+            // SAFETY: the caller's contract; input and output alias on purpose.
+            let view = || unsafe {
+                TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()).map_err(rt)
+            };
+            let input = view()?;
+            bind_input_in_place(b, &self.past_names[j], &input)?;
+            b.bind_output(self.present_names[j].as_str(), view()?)
+                .map_err(rt)?;
+            views.push(input);
+        }
+        Ok(views)
     }
 
     /// Lengths of slots `0..rows` for a decode step: `step` holds (slot, length) of the

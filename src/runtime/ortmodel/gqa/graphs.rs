@@ -171,28 +171,14 @@ impl GqaCache {
         hidden: usize,
     ) -> Result<(), BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
-        let shape = [
-            b.rows as i64,
-            self.kv_heads as i64,
-            self.max_seq as i64,
-            self.head_dim as i64,
-        ];
-        for j in 0..self.buffers.len() {
-            let ptr = self.buffers.at(j, 0, self.slot_bytes);
-            // SAFETY: slots 0..rows lie inside the buffer (rows <= slots), which lives as long
-            // as the cache, and so as long as this binding.
-            let input =
-                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
-                    .map_err(rt)?;
-            let output =
-                unsafe { TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()) }
-                    .map_err(rt)?;
-            bind_input_in_place(&mut b.binding, &self.past_names[j], &input)?;
-            b.binding
-                .bind_output(self.present_names[j].as_str(), output)
-                .map_err(rt)?;
-            b._past.push(Box::new(input));
-        }
+        // SAFETY: slots 0..rows lie inside the buffers (rows <= slots), which live as long as
+        // the cache, and so as long as this binding.
+        let views = unsafe { self.bind_slots::<T>(&mut b.binding, 0, b.rows) }?;
+        b._past.extend(
+            views
+                .into_iter()
+                .map(|v| Box::new(v) as Box<dyn std::any::Any + Send>),
+        );
         let embeds = unsafe {
             TensorRefMut::<T>::from_raw(
                 self.kv_mem.clone(),
