@@ -5,7 +5,7 @@
 # BATCHES, then /metrics (GPU memory, TTFT, tokens) and the server's first log lines.
 # Needs the ONNX Runtime GPU parts and ocrctl as for scripts/gpu_compare.sh (/opt/ortparts).
 # Knobs: BATCHES (1 6 8), C (16), N (32 requests), T (1024 new tokens), GRAPHS (off: CUDA graphs
-# for decode steps, `off on` runs both), PREFILL (on: the prefill stage, `off on` runs both),
+# for decode steps, `off on` runs both), PREFILL (off: the prefill stage, `off on` runs both),
 # MODEL (/tmp/dummy-q4, exported when it lacks the int4-fp16 GQA decoder).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
@@ -17,10 +17,10 @@ python3 -c "from PIL import Image, ImageDraw; im = Image.new('RGB', (1092, 1540)
 for y in range(60, 1500, 40): d.rectangle([60, y, 1030, y + 12], fill='black')
 im.save('/tmp/a4.png')"
 mkdir -p "$OUT"
-for pf in ${PREFILL:-on}; do
+for pf in ${PREFILL:-off}; do
 for g in ${GRAPHS:-off}; do
 for b in ${BATCHES:-1 6 8}; do
-  tag=b$b-g$g$([ "$pf" = on ] || echo -prefill-$pf)
+  tag=b$b-g$g$([ "$pf" = off ] || echo -prefill-$pf)
   OCRCTL_PREFILL_STAGE=$pf OCRCTL_CUDA_GRAPHS=$g $BIN serve --model $M --profile 16gb --port 18080 --batch-size "$b" --queue-size 1000 2>"$OUT/serve-$tag.log" &
   pid=$!
   until curl -sf localhost:18080/health >/dev/null; do sleep 0.2; kill -0 $pid; done

@@ -36,6 +36,7 @@ fn load_staged(precision: Precision, slots: usize, max_seq: usize, staged: bool)
         kv_slots: slots,
         max_sequence_length: max_seq,
         stages_on_cpu: staged,
+        prefill_stage: staged,
         ..LoadOptions::new(precision)
     };
     let m = OrtModel::load(export(), &opts).expect("model loads");

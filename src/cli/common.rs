@@ -60,15 +60,11 @@ pub struct RuntimeArgs {
     pub vision_stage: bool,
     /// With the vision stage and the GQA decoder, also prefill pages on the stage's thread
     /// with a second decoder session, so prompts do not stall decode steps (`on`/`off`; costs
-    /// a second copy of the decoder's weights in GPU memory).
-    #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "on", action = clap::ArgAction::Set,
+    /// a second copy of the decoder's weights in GPU memory; measured no throughput gain on an
+    /// H200, see the README).
+    #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "off", action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new())]
     pub prefill_stage: bool,
-    /// Run the decoder's decode steps on a CUDA stream of the greatest priority, so that
-    /// pages being encoded or prefilled meanwhile slow them less (`on`/`off`; CUDA only).
-    #[arg(long, env = "OCRCTL_DECODE_PRIORITY", default_value = "on", action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new())]
-    pub decode_priority: bool,
 }
 
 /// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
@@ -187,7 +183,6 @@ impl RuntimeArgs {
                     same_as_requested: c.arena_extend_strategy
                         == ArenaExtendStrategy::SameAsRequested,
                     cuda_graphs: c.cuda_graphs,
-                    decode_priority: self.decode_priority,
                 };
             }
             if let Some(t) = &p.tensorrt {
@@ -221,7 +216,6 @@ impl RuntimeArgs {
         if let Some(g) = self.cuda_graphs {
             pc.cuda.cuda_graphs = g;
         }
-        pc.cuda.decode_priority = self.decode_priority;
         lo.providers = pc;
         lo.vision_stage = self.vision_stage;
         lo.prefill_stage = self.prefill_stage;
@@ -305,12 +299,12 @@ mod tests {
     #[test]
     fn switches_take_on_and_off_and_default_as_documented() {
         let rt = Cli::try_parse_from(["t"]).unwrap().rt;
-        assert!(rt.vision_stage && rt.prefill_stage);
+        assert!(rt.vision_stage && !rt.prefill_stage);
         assert_eq!(rt.cuda_graphs, None);
-        let rt = Cli::try_parse_from(["t", "--prefill-stage", "off"])
+        let rt = Cli::try_parse_from(["t", "--prefill-stage", "on"])
             .unwrap()
             .rt;
-        assert!(rt.vision_stage && !rt.prefill_stage);
+        assert!(rt.vision_stage && rt.prefill_stage);
         let rt = Cli::try_parse_from(["t", "--vision-stage", "off", "--cuda-graphs", "on"])
             .unwrap()
             .rt;

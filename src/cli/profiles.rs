@@ -219,15 +219,17 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
         // With TensorRT listed, its attention fusion is assumed (and noted when it matters).
         vision_attention_fused: p.has_tensorrt()
             || vision_attention_fused_in(&manifest, p.precision),
-        // `serve` and `ocr` run the prefill stage on a GPU unless told otherwise.
-        stage_weights_bytes: if p.uses_gpu() {
-            stage_weights_bytes(&manifest, &a.model, p.precision)
-        } else {
-            0
-        },
         ..BudgetOptions::default()
     };
     let mut b = budget_with(&p, &dims, weights, capacity, options);
+    let stage = stage_weights_bytes(&manifest, &a.model, p.precision);
+    if p.uses_gpu() && stage > 0 {
+        // The prefill stage is off unless asked for (`--prefill-stage on`).
+        b.notes.push(format!(
+            "--prefill-stage on loads the GQA decoder and embeddings a second time: {:.2} GiB more",
+            stage as f64 / (1u64 << 30) as f64
+        ));
+    }
     let extra = export_notes(&p, &manifest, &dims);
     if !extra.is_empty() && !vision_attention_fused_in(&manifest, p.precision) {
         // The export-specific note on the vision attention replaces the generic one.

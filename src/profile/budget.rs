@@ -30,7 +30,7 @@ pub struct BudgetOptions {
     /// False counts the unfused scores of one layer.
     pub vision_attention_fused: bool,
     /// Weights the prefill stage loads a second time (its own GQA decoder and embedding
-    /// sessions, on a GPU; `--prefill-stage off` saves them): 0 without a stage.
+    /// sessions, on a GPU, with `--prefill-stage on`): 0 without a stage.
     pub stage_weights_bytes: u64,
 }
 
@@ -204,7 +204,7 @@ pub fn budget_with(
             item: "prefill stage weights".into(),
             bytes: options.stage_weights_bytes,
             detail: "GQA decoder and embeddings loaded again for the prefill stage \
-                     (--prefill-stage off saves them)"
+                     (--prefill-stage on)"
                 .into(),
         });
     }

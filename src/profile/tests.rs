@@ -265,6 +265,6 @@ fn a_prefill_stage_adds_its_second_copy_of_the_decoder() {
         .find(|r| r.item == "prefill stage weights")
         .expect("a row for the stage");
     assert_eq!(row.bytes, 300 * MIB);
-    assert!(row.detail.contains("--prefill-stage off"), "{}", row.detail);
+    assert!(row.detail.contains("--prefill-stage on"), "{}", row.detail);
     assert_eq!(staged.total, plain.total + 300 * MIB);
 }

@@ -4,15 +4,13 @@
 //! [`ortmodel`] (sessions of an export, the KV cache on the device, the GQA slot cache),
 //! [`providers`] (TensorRT → CUDA → CPU with fallback), [`devices`] (`--devices`: one engine
 //! per device), [`ortlib`] (finding and loading `libonnxruntime`), [`cudalibs`] (the CUDA
-//! wheels the GPU provider needs), [`cudastream`] (the decode steps' priority stream),
-//! [`libsearch`] (where wheel libraries are looked for),
+//! wheels the GPU provider needs), [`libsearch`] (where wheel libraries are looked for),
 //! [`gpumem`] (GPU memory from `nvidia-smi`), [`trtrtx`] (the TensorRT-RTX plugin provider and
 //! engines built ahead of time). In unit tests only, `fake` holds the one configurable fake
 //! `Backend` the tests use instead of a model.
 
 pub mod backend;
 pub mod cudalibs;
-pub mod cudastream;
 pub mod devices;
 #[cfg(test)]
 pub mod fake;

@@ -62,10 +62,6 @@ pub struct CudaConfig {
     pub same_as_requested: bool,
     /// CUDA graphs for the GQA decoder's decode steps (one graph per batch bucket).
     pub cuda_graphs: bool,
-    /// Run the GQA decoder's session on a stream of the greatest priority, so that its decode
-    /// steps go first while the stages encode and prefill pages
-    /// ([`crate::runtime::cudastream`]).
-    pub decode_priority: bool,
 }
 
 /// TensorRT provider settings. Shape profiles are per graph (`part` → min, opt, max).
@@ -148,15 +144,6 @@ pub fn dispatch(
             let mut c = ep::CUDA::default()
                 .with_device_id(cfg.device_id)
                 .with_cuda_graph(graphs);
-            if cfg.cuda.decode_priority
-                && part.starts_with(ocrctl_exporters::contract::graph::DECODER_GQA)
-            {
-                match crate::runtime::cudastream::decode_stream(cfg.device_id) {
-                    // SAFETY: the stream is never destroyed (see `cudastream`).
-                    Ok(s) => c = unsafe { c.with_compute_stream(s as *mut ()) },
-                    Err(e) => tracing::warn!("no priority stream for decode steps ({e})"),
-                }
-            }
             if let Some(l) = cfg.cuda.memory_limit {
                 c = c.with_memory_limit(l);
             }

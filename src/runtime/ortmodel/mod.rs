@@ -70,7 +70,8 @@ pub struct LoadOptions {
     pub vision_stage: bool,
     /// With the vision stage and the GQA decoder, also prefill pages on the stage's thread
     /// with a second decoder session, so prompts no longer stall the decode steps (see
-    /// `stage`); costs a second copy of the decoder's weights.
+    /// `stage`); costs a second copy of the decoder's weights. Off by default: no throughput
+    /// gain was measured on an H200.
     pub prefill_stage: bool,
     /// Run the stages on the CPU provider too (tests: on the CPU they share its cores, which
     /// is why they are GPU-only otherwise).
@@ -91,7 +92,7 @@ impl LoadOptions {
             kv_slots: 1,
             max_sequence_length: 0,
             vision_stage: true,
-            prefill_stage: true,
+            prefill_stage: false,
             stages_on_cpu: false,
         }
     }
@@ -348,11 +349,9 @@ impl OrtModel {
         let stages = opts.vision_stage && (decoder.provider.is_gpu() || opts.stages_on_cpu);
         let prefill_stage = match &gqa {
             Some(cache) if stages && opts.prefill_stage => {
-                // No graphs and ONNX Runtime's own (low-priority) stream: the stage's runs yield
-                // to the decode steps.
+                // Without graphs: the stage's runs get streams of their own (see `stage`).
                 let mut plain = opts.clone();
                 plain.providers.cuda.cuda_graphs = false;
-                plain.providers.cuda.decode_priority = false;
                 let built = session::build(&env, &decoder_path, &plain, None).and_then(|d| {
                     let e = session::build(&env, &path_of(graph::EMBED)?, &plain, None)?;
                     Ok((d.session, e.session))

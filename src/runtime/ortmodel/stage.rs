@@ -6,8 +6,10 @@
 //! and stall them. So the stage gets a second decoder session (and embedding session) of the
 //! same graphs, without graphs: its runs go on a stream of their own, concurrently with the
 //! steps, into a slot [`super::gqa::GqaCache::reserve`] set aside in the shared buffers. The
-//! price is a second copy of the decoder's weights in GPU memory
-//! ([`crate::runtime::ortmodel::LoadOptions::prefill_stage`] switches it off).
+//! price is a second copy of the decoder's weights in GPU memory. It is built only when
+//! [`crate::runtime::ortmodel::LoadOptions::prefill_stage`] asks for it: on an H200 the decode
+//! steps slowed down as much as the prefills overlapping them gained, so it is off by
+//! default (docs/benchmarks/2026-12-02-h200.md).
 
 use super::gqa::GqaCache;
 use super::tensors::float_tensor;
