@@ -16,13 +16,13 @@ $BIN export --checkpoint $FX/checkpoint --out $M --precision fp32,fp16 >/dev/nul
 status=0
 # The fields: decoder, precision, tolerance, top-5 log-probabilities asked for (logits to the
 # host) or not (greedy ids chosen on the GPU by the GQA graph's argmax), CUDA graphs for the
-# decode steps (GQA only) off or on.
+# decode steps (GQA only) off or on, and the prefill stage (GQA only; off when not given).
 for run in "gqa fp16 0.05 5 off" "gqa fp16 0.05 0 off" "gqa fp16 0.05 5 on" "gqa fp16 0.05 0 on" \
-  "merged fp16 0.05 5 off" "merged fp32 0.001 5 off"; do
+  "gqa fp16 0.05 5 on on" "merged fp16 0.05 5 off" "merged fp32 0.001 5 off"; do
   set -- $run
-  echo "== $1 decoder, $2, CUDA (tolerance $3, top-logprobs $4, CUDA graphs $5)"
+  echo "== $1 decoder, $2, CUDA (tolerance $3, top-logprobs $4, CUDA graphs $5, prefill stage ${6:-off})"
   $BIN ocr --model $M --decoder "$1" --precision "$2" --providers cuda --strict-providers \
-    --cuda-graphs "$5" --max-tokens 40 --ignore-eos --temperature 0 --top-logprobs "$4" --json \
+    --cuda-graphs "$5" --prefill-stage "${6:-off}" --max-tokens 40 --ignore-eos --temperature 0 --top-logprobs "$4" --json \
     --quiet --batch-size 5 $FX/images/* 2>/dev/null \
     | python3 scripts/check_golden.py $FX/golden/golden.json "$3" || status=1
 done
