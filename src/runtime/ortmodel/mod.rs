@@ -349,29 +349,9 @@ impl OrtModel {
         let stages = opts.vision_stage && (decoder.provider.is_gpu() || opts.stages_on_cpu);
         let prefill_stage = match &gqa {
             Some(cache) if stages && opts.prefill_stage => {
-                // Without graphs: the stage's runs get streams of their own (see `stage`).
-                let mut plain = opts.clone();
-                plain.providers.cuda.cuda_graphs = false;
-                let built = session::build(&env, &decoder_path, &plain, None).and_then(|d| {
-                    let e = session::build(&env, &path_of(graph::EMBED)?, &plain, None)?;
-                    Ok((d.session, e.session))
-                });
-                match built {
-                    Ok((decoder, embed)) => Some(Arc::new(Mutex::new(stage::PrefillParts {
-                        embed,
-                        decoder,
-                        cache: cache.for_stage(),
-                        act,
-                        host: placement.host.clone(),
-                        runs: 0,
-                    }))),
-                    Err(e) => {
-                        tracing::warn!(
-                            "prefill stage unavailable ({e}); pages prefill between decode steps"
-                        );
-                        None
-                    }
-                }
+                let embed_path = path_of(graph::EMBED)?;
+                let paths = (decoder_path.as_path(), embed_path.as_path());
+                stage::build(&env, paths, opts, cache, act, &placement.host)
             }
             _ => None,
         };

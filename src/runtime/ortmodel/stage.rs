@@ -13,12 +13,13 @@
 
 use super::gqa::GqaCache;
 use super::tensors::float_tensor;
-use super::{embed_rows, graph, OrtCache};
+use super::{embed_rows, graph, session, LoadOptions, OrtCache};
 use crate::runtime::backend::{BackendError, PagePrefill, RowNeed, StepLogits};
 use ndarray::Array2;
 use ocrctl_exporters::graph::DType;
 use ort::memory::MemoryInfo;
 use ort::session::Session;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// The stage's sessions and its copy of the KV cache.
@@ -30,6 +31,39 @@ pub(super) struct PrefillParts {
     pub host: MemoryInfo<'static>,
     /// Prefills run so far.
     pub runs: usize,
+}
+
+/// The stage's sessions of `paths` (the GQA decoder, the embeddings) without CUDA graphs,
+/// so that its runs get streams of their own, over `cache`'s buffers; `None`, with a
+/// warning, when they cannot be made (pages then prefill between decode steps).
+pub(super) fn build(
+    env: &ort::environment::Environment,
+    paths: (&Path, &Path),
+    opts: &LoadOptions,
+    cache: &GqaCache,
+    act: DType,
+    host: &MemoryInfo<'static>,
+) -> Option<Arc<Mutex<PrefillParts>>> {
+    let mut plain = opts.clone();
+    plain.providers.cuda.cuda_graphs = false;
+    let built = session::build(env, paths.0, &plain, None).and_then(|d| {
+        let e = session::build(env, paths.1, &plain, None)?;
+        Ok((d.session, e.session))
+    });
+    match built {
+        Ok((decoder, embed)) => Some(Arc::new(Mutex::new(PrefillParts {
+            embed,
+            decoder,
+            cache: cache.for_stage(),
+            act,
+            host: host.clone(),
+            runs: 0,
+        }))),
+        Err(e) => {
+            tracing::warn!("prefill stage unavailable ({e}); pages prefill between decode steps");
+            None
+        }
+    }
 }
 
 /// A [`PagePrefill`] over [`PrefillParts`] (shared so the model can hand out more than one;
