@@ -787,3 +787,45 @@ fn a_models_position_limit_is_not_a_memory_verdict() {
         "{text}"
     );
 }
+
+/// `profiles check` on an export with the GQA decoder says what `--prefill-stage on` would add
+/// on a GPU profile (the stage loads the decoder and embeddings again), and not on the CPU.
+#[test]
+fn check_notes_the_prefill_stages_memory_on_a_gpu_profile() {
+    let m = common::exported().to_str().unwrap();
+    let note = "--prefill-stage on loads the GQA decoder and embeddings a second time";
+    let gpu = stdout(&ocrctl(
+        &["profiles", "check", "24gb", "--model", m],
+        None,
+        &[],
+    ));
+    let line = gpu
+        .lines()
+        .find(|l| l.contains(note))
+        .unwrap_or_else(|| panic!("{gpu}"));
+    assert!(line.ends_with("MiB more"), "{line}");
+    // The CPU profile at the export's fp32 (the built-in one is int4).
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = stdout(&ocrctl(&["profiles", "show", "cpu"], None, &[]));
+    let cpu_yaml = dir.path().join("cpu-fp32.yaml");
+    let yaml = yaml.split("\n# Derived").next().unwrap();
+    std::fs::write(
+        &cpu_yaml,
+        yaml.replace("precision: int4", "precision: fp32"),
+    )
+    .unwrap();
+    let cpu = ocrctl(
+        &[
+            "profiles",
+            "check",
+            cpu_yaml.to_str().unwrap(),
+            "--model",
+            m,
+        ],
+        None,
+        &[],
+    );
+    let text = stdout(&cpu);
+    assert!(text.contains("verdict"), "{text}{}", stderr(&cpu));
+    assert!(!text.contains(note), "{text}");
+}

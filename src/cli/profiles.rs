@@ -225,9 +225,12 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
     let stage = stage_weights_bytes(&manifest, &a.model, p.precision);
     if p.uses_gpu() && stage > 0 {
         // The prefill stage is off unless asked for (`--prefill-stage on`).
+        let size = match stage as f64 / (1u64 << 30) as f64 {
+            g if g >= 1.0 => format!("{g:.2} GiB"),
+            g => format!("{:.1} MiB", g * 1024.0),
+        };
         b.notes.push(format!(
-            "--prefill-stage on loads the GQA decoder and embeddings a second time: {:.2} GiB more",
-            stage as f64 / (1u64 << 30) as f64
+            "--prefill-stage on loads the GQA decoder and embeddings a second time: {size} more"
         ));
     }
     let extra = export_notes(&p, &manifest, &dims);
