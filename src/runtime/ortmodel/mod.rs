@@ -4,12 +4,14 @@
 //! the export's `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return
 //! float16 tensors; conversion happens here so generation always sees float32.
 //!
-//! Submodules: `session` (sessions with provider fallback), `tensors` (value helpers),
+//! Submodules: `session` (sessions with provider fallback, the file digests checked before a
+//! load), `tensors` (value helpers), `gqa` (the GQA decoder's slot cache, updated in place),
 //! `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack` (the same
 //! repacking in the execution provider's memory with a small ONNX graph), `batch` (decoder
 //! inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
 //! execution provider's memory with IoBinding, see [`KvPath`]), `vision` (the vision encoder
-//! run, and its handle for a vision stage's thread).
+//! run, and its handle for a vision stage's thread), `stage` (the prefill stage's sessions,
+//! `--prefill-stage on`).
 
 mod batch;
 mod binding;
@@ -151,56 +153,8 @@ pub struct OrtModel {
     gqa: Option<gqa::GqaCache>,
 }
 
-/// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
-/// (after its optimisations and fusions) to `optimized`. Used to inspect fusions such as
-/// DequantizeLinear + MatMul → MatMulNBits.
-pub fn write_optimized_graph(
-    model: &Path,
-    optimized: &Path,
-    opts: &LoadOptions,
-) -> Result<(), LoadError> {
-    let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
-    session::build(&env, model, opts, Some(optimized)).map(|_| ())
-}
-
-/// Checks the files a load of `precision` reads (all but other precisions' graphs) against
-/// the digests in the manifest, and says how long it took.
-fn verify_files(
-    dir: &Path,
-    manifest: &Manifest,
-    precision: Precision,
-    decoder: DecoderVariant,
-) -> Result<(), LoadError> {
-    if manifest.files.is_empty() {
-        tracing::warn!(
-            "{} records no file digests (exported by an older ocrctl); not verified",
-            dir.join(MANIFEST_NAME).display()
-        );
-        return Ok(());
-    }
-    let others: std::collections::HashSet<String> = manifest
-        .graphs
-        .iter()
-        .flat_map(|(p, parts)| {
-            parts.iter().filter_map(move |(part, g)| {
-                let unused_decoder = [DecoderVariant::Merged, DecoderVariant::Gqa]
-                    .iter()
-                    .any(|v| *v != decoder && v.part() == part);
-                (*p != precision || unused_decoder).then_some(g)
-            })
-        })
-        .flat_map(|g| std::iter::once(&g.file).chain(g.data_file.as_ref()))
-        .map(|f| format!("onnx/{f}"))
-        .collect();
-    let r = ocrctl_exporters::verify::verify(dir, &manifest.files, |n| !others.contains(n))?;
-    tracing::info!(
-        "verified {} files ({:.1} MiB) in {:.2} s (--no-verify skips this)",
-        r.files,
-        r.bytes as f64 / (1024.0 * 1024.0),
-        r.elapsed.as_secs_f64()
-    );
-    Ok(())
-}
+use session::verify_files;
+pub use session::write_optimized_graph;
 
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.

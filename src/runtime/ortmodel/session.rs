@@ -3,10 +3,12 @@
 //! Providers are tried in the configured order; one that is compiled in but cannot start (no
 //! driver, no TensorRT libraries) is dropped with a message and the next one is tried, unless
 //! providers are strict. The provider that the session got is returned with it, so the
-//! decoder knows whose memory its KV cache can stay in.
+//! decoder knows whose memory its KV cache can stay in. Also the checks before a load
+//! ([`verify_files`]) and writing the graph ONNX Runtime optimised ([`write_optimized_graph`]).
 
-use super::{LoadError, LoadOptions};
+use super::{LoadError, LoadOptions, MANIFEST_NAME};
 use crate::runtime::providers::Provider;
+use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use std::path::Path;
@@ -151,4 +153,55 @@ pub(super) fn build(
             }
         }
     }
+}
+
+/// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
+/// (after its optimisations and fusions) to `optimized`. Used to inspect fusions such as
+/// DequantizeLinear + MatMul → MatMulNBits.
+pub fn write_optimized_graph(
+    model: &Path,
+    optimized: &Path,
+    opts: &LoadOptions,
+) -> Result<(), LoadError> {
+    let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
+    build(&env, model, opts, Some(optimized)).map(|_| ())
+}
+
+/// Checks the files a load of `precision` reads (all but other precisions' graphs) against
+/// the digests in the manifest, and says how long it took.
+pub(super) fn verify_files(
+    dir: &Path,
+    manifest: &Manifest,
+    precision: Precision,
+    decoder: DecoderVariant,
+) -> Result<(), LoadError> {
+    if manifest.files.is_empty() {
+        tracing::warn!(
+            "{} records no file digests (exported by an older ocrctl); not verified",
+            dir.join(MANIFEST_NAME).display()
+        );
+        return Ok(());
+    }
+    let others: std::collections::HashSet<String> = manifest
+        .graphs
+        .iter()
+        .flat_map(|(p, parts)| {
+            parts.iter().filter_map(move |(part, g)| {
+                let unused_decoder = [DecoderVariant::Merged, DecoderVariant::Gqa]
+                    .iter()
+                    .any(|v| *v != decoder && v.part() == part);
+                (*p != precision || unused_decoder).then_some(g)
+            })
+        })
+        .flat_map(|g| std::iter::once(&g.file).chain(g.data_file.as_ref()))
+        .map(|f| format!("onnx/{f}"))
+        .collect();
+    let r = ocrctl_exporters::verify::verify(dir, &manifest.files, |n| !others.contains(n))?;
+    tracing::info!(
+        "verified {} files ({:.1} MiB) in {:.2} s (--no-verify skips this)",
+        r.files,
+        r.bytes as f64 / (1024.0 * 1024.0),
+        r.elapsed.as_secs_f64()
+    );
+    Ok(())
 }
