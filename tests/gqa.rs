@@ -6,6 +6,7 @@ mod common;
 use common::golden::{check_top5, golden, ids};
 use common::*;
 use ocrctl::generation::engine::{Engine, EngineError, GenRequest};
+use ocrctl::generation::generate::Generation;
 use ocrctl::generation::sampling::SamplingParams;
 use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
@@ -342,19 +343,21 @@ fn ort_graphs_fuse_rotary_and_residual_norms_and_pack_projections() {
     }
 }
 
-/// Seeded sampling at batch 3 (five requests through three slots): sampling from the
-/// decoder's `top_logits`/`top_ids` candidates gives the same tokens as sampling from the full
-/// logits (the same requests asking for log-probabilities, which fetch them). At LightOnOCR's
-/// defaults (temperature 0.2, top-p 0.9) the trained fixture's steps are mostly decided by the
-/// candidates alone; at temperature 1.5, top-p 0.99 many are not, and those rows take the
-/// step's full logits afterwards (`step_logits`), still giving the same tokens.
+/// Seeded sampling at batch 3 (five requests through three slots): choosing from the
+/// decoder's `top_logits`/`top_ids` candidates (and `logsumexp` for log-probabilities) gives
+/// the same tokens as from the full logits, and the same log-probabilities within float32
+/// rounding. The full-logits baseline asks for 65 top log-probabilities, more than the 64
+/// candidates. At LightOnOCR's defaults (temperature 0.2, top-p 0.9) the trained fixture's
+/// steps are mostly decided by the candidates alone; at temperature 1.5, top-p 0.99 many are
+/// not, and those rows take the step's full logits afterwards (`step_logits`), still giving
+/// the same tokens.
 #[test]
 fn sampling_from_the_decoders_candidates_equals_sampling_from_full_logits() {
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
     let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
-    let reqs = |logprobs: bool, temperature: f32, top_p: f32| -> Vec<GenRequest> {
+    let reqs = |top_logprobs: usize, temperature: f32, top_p: f32| -> Vec<GenRequest> {
         g.images()
             .iter()
             .enumerate()
@@ -372,41 +375,65 @@ fn sampling_from_the_decoders_candidates_equals_sampling_from_full_logits() {
                     max_new_tokens: 30,
                     stop_ids: vec![],
                     ignore_eos: true,
-                    logprobs,
-                    top_logprobs: 0,
+                    logprobs: top_logprobs > 0,
+                    top_logprobs,
                 }
             })
             .collect()
     };
     for precision in [Precision::Fp32, Precision::Fp16] {
         for (t, p) in [(0.2, 0.9), (1.5, 0.99)] {
-            let run = |logprobs: bool| {
+            let run = |top_logprobs: usize| {
                 let mut engine = Engine::new(load(precision, 3, 0), 3, image_token);
-                let out: Vec<Vec<u32>> = engine
-                    .run(reqs(logprobs, t, p), &mut |_| {})
+                let out: Vec<Generation> = engine
+                    .run(reqs(top_logprobs, t, p), &mut |_| {})
                     .into_iter()
-                    .map(|r| r.expect("generation succeeds").token_ids)
+                    .map(|r| r.expect("generation succeeds"))
                     .collect();
                 (
                     out,
                     engine.backend.kv_stats().step_logits_fallbacks as usize,
                 )
             };
+            let ids = |o: &[Generation]| o.iter().map(|g| g.token_ids.clone()).collect::<Vec<_>>();
             let ctx = format!("{precision:?}, temperature {t}, top-p {p}");
-            let (full, no_fallbacks) = run(true);
+            let (full, no_fallbacks) = run(65);
             assert_eq!(
                 no_fallbacks, 0,
-                "{ctx}: rows with log-probabilities fetch full logits"
+                "{ctx}: 65 top log-probabilities fetch full logits"
             );
-            let (cands, fallbacks) = run(false);
-            assert_eq!(cands, full, "{ctx}");
-            let steps: usize = cands.iter().map(|c| c.len() - 1).sum();
+            let (cands, fallbacks) = run(0);
+            assert_eq!(ids(&cands), ids(&full), "{ctx}");
+            let steps: usize = cands.iter().map(|c| c.token_ids.len() - 1).sum();
             eprintln!("{ctx}: {fallbacks} of {steps} sampling steps needed the full logits");
             if t < 1.0 {
                 assert!(fallbacks * 4 < steps, "{ctx}: {fallbacks} of {steps}");
             } else {
                 assert!(fallbacks > 0, "{ctx}: the fallback was not exercised");
             }
+            // Log-probabilities from the candidates and the device's log-normaliser.
+            let (scored, scored_fallbacks) = run(5);
+            assert_eq!(ids(&scored), ids(&full), "{ctx}: with log-probabilities");
+            assert_eq!(
+                scored_fallbacks, fallbacks,
+                "{ctx}: the same steps undecided"
+            );
+            let mut worst = 0f32;
+            for (a, b) in scored.iter().zip(&full) {
+                for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                    worst = worst.max((x - y).abs());
+                }
+                for (x, y) in a.top_logprobs.iter().zip(&b.top_logprobs) {
+                    assert_eq!(x.len(), 5);
+                    for (u, v) in x.iter().zip(y) {
+                        assert_eq!(u.id, v.id, "{ctx}: top-5 ids");
+                        worst = worst.max((u.logprob - v.logprob).abs());
+                    }
+                }
+                assert_eq!(a.logprobs.len(), a.token_ids.len());
+            }
+            eprintln!("{ctx}: log-probabilities from candidates within {worst:e}");
+            assert!(worst < 1e-4, "{ctx}: {worst}");
         }
     }
 }

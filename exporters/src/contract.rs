@@ -57,6 +57,9 @@ pub mod tensor {
     pub const TOP_LOGITS: &str = "top_logits";
     /// GQA decoder: the ids of [`TOP_LOGITS`] (int64 `[B, 1, K]`; ties: the lower id first).
     pub const TOP_IDS: &str = "top_ids";
+    /// GQA decoder: `log Σ exp(logits)` of each row (float32 `[B, 1]`), so that the
+    /// log-probability of a candidate is its logit minus this, without the logits on the host.
+    pub const LOGSUMEXP: &str = "logsumexp";
     /// How many candidates [`TOP_LOGITS`] holds: enough for a confident model's nucleus at
     /// LightOnOCR's default temperature 0.2 and top-p 0.9, small enough that moving them is
     /// free (128 rows: 96 KiB per step instead of 78 MiB of logits).

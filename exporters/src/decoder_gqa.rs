@@ -7,7 +7,8 @@
 //! head_dim]`, a fixed-size cache whose rows `0..len` hold each sequence's keys and values.
 //! Outputs: `logits [B, 1, vocab]` (float32, last position only), `next_token [B, 1]` (int64,
 //! the argmax of the logits, so that greedy steps need not bring the logits to the host),
-//! `top_logits`/`top_ids [B, 1, K]` (the K largest logits and their ids, for sampling steps) and
+//! `top_logits`/`top_ids [B, 1, K]` (the K largest logits and their ids, for sampling steps),
+//! `logsumexp [B, 1]` (with the candidates, the log-probabilities a request asks for) and
 //! `present.{i}.key|value`, the same `[B, kv_heads, max_seq, head_dim]` buffers with the new
 //! positions written at rows `len..len+S`. Binding each present to the memory of its past
 //! (IoBinding) makes GQA update the cache in place: no concatenation, no copy, no repacking.
@@ -202,9 +203,25 @@ pub fn build(
         ],
         2,
     );
-    let top_dims = [b, Dim::Fixed(1), Dim::Fixed(k as i64)];
+    let top_dims = [b.clone(), Dim::Fixed(1), Dim::Fixed(k as i64)];
     g.output(&top[0], tensor::TOP_LOGITS, DType::F32, &top_dims);
     g.output(&top[1], tensor::TOP_IDS, DType::I64, &top_dims);
+    // The log-normaliser of each row: with the candidates it gives the log-probabilities a
+    // request asks for (the chosen token's, the top 20) without the logits on the host.
+    // max + log Σ exp(logits − max), the max being the first candidate. Spelled out rather
+    // than `ReduceLogSumExp`, whose CUDA kernel goes through cuDNN's generic reductions and
+    // a scratch copy of the logits; `ReduceSum` over the last axis has ONNX Runtime's own
+    // row-reduction kernel.
+    let (zero, one, two) = (g.const_i64(&[0]), g.const_i64(&[1]), g.const_i64(&[2]));
+    let max = g.op("Slice", &[&top[0], &zero, &one, &two], &[]);
+    let shifted = g.op("Sub", &[&logits, &max], &[]);
+    let exp = g.op("Exp", &[&shifted], &[]);
+    let last = g.const_i64(&[-1]);
+    let sum = g.op("ReduceSum", &[&exp, &last], &[("keepdims", Attr::Int(0))]);
+    let log = g.op("Log", &[&sum], &[]);
+    let max = g.op("Squeeze", &[&max, &two], &[]);
+    let lse = g.op("Add", &[&log, &max], &[]);
+    g.output(&lse, tensor::LOGSUMEXP, DType::F32, &[b, Dim::Fixed(1)]);
     g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
 }
 

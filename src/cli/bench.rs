@@ -72,6 +72,15 @@ pub struct BenchArgs {
     /// Top-k of the throughput sweep's requests when they sample (0 = off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Repetition penalty of the throughput sweep's requests (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Top log-probabilities each token of the sweep reports (0 = none; any number asks
+    /// for the chosen token's log-probability too). Up to 64 come from the device's
+    /// candidates; more take every step's full logits to the host (the path all
+    /// log-probabilities took before 2026-12-03), for comparison.
+    #[arg(long, default_value_t = 0)]
+    top_logprobs: usize,
     /// Where the decoder keeps its KV cache between steps.
     #[arg(long, value_enum, default_value = "bound")]
     kv_path: KvPathArg,
@@ -140,6 +149,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         temperature: a.temperature,
         top_p: a.top_p,
         top_k: a.top_k,
+        repetition_penalty: a.repetition_penalty,
         seed: Some(0),
         ..SamplingParams::greedy()
     };
@@ -232,6 +242,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 params: params.clone(),
                 stop_ids: vec![],
                 ignore_eos: true,
+                logprobs: a.top_logprobs > 0,
+                top_logprobs: a.top_logprobs,
                 ..pipeline.request(page.clone(), a.new_tokens)
             };
             let before = engine.backend.kv_stats().clone();
@@ -282,6 +294,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "temperature": a.temperature,
         "top_p": a.top_p,
         "top_k": a.top_k,
+        "repetition_penalty": a.repetition_penalty,
+        "top_logprobs": a.top_logprobs,
         "threads": opts.threads,
         "load_s": load_s,
         "peak_rss_mib": peak_rss_mib(),
@@ -356,10 +370,13 @@ fn print_table(out: &serde_json::Value) {
         );
     }
     let kv = &out["kv"];
-    if out["temperature"].as_f64().unwrap_or(0.0) > 0.0 {
+    let penalty = out["repetition_penalty"].as_f64().unwrap_or(1.0);
+    let top_logprobs = out["top_logprobs"].as_u64().unwrap_or(0);
+    if out["temperature"].as_f64().unwrap_or(0.0) > 0.0 || penalty != 1.0 || top_logprobs > 0 {
         println!(
-            "sweep samples at temperature {} top-p {} top-k {}: {} rows needed full logits \
-             after the device's candidates",
+            "sweep at temperature {} top-p {} top-k {} repetition penalty {penalty} top \
+             log-probabilities {top_logprobs}: {} rows needed full logits after the device's \
+             candidates",
             out["temperature"], out["top_p"], out["top_k"], kv["step_logits_fallbacks"]
         );
     }

@@ -60,8 +60,9 @@ struct Active<C> {
     req: GenRequest,
     sampler: Sampler,
     logits: Vec<f32>,
-    /// The next token when the backend chose it (greedy rows; `logits` is then empty).
-    device_choice: Option<u32>,
+    /// The next token when it was chosen from the device's argmax or candidates (`logits`
+    /// is then empty).
+    device_choice: Option<need::Chosen>,
     cache: C,
     out: Generation,
 }
@@ -391,10 +392,9 @@ impl<B: Backend> Engine<B> {
             // A panic while choosing one request's token (a bug, or logits a backend got
             // wrong) fails that request only; the others and the engine go on.
             let chosen = catch_unwind(AssertUnwindSafe(|| {
-                // The backend already chose (only asked of greedy rows without penalty or
-                // log-probabilities, for which the argmax is the whole answer).
-                if let Some(id) = a.device_choice.take() {
-                    return (id, None, Vec::new());
+                // Chosen already, from the device's argmax or candidates.
+                if let Some(c) = a.device_choice.take() {
+                    return (c.id, c.logprob, c.top);
                 }
                 let top = if a.req.top_logprobs > 0 {
                     argmax_and_top_k(&a.logits, a.req.top_logprobs).1
@@ -476,11 +476,19 @@ impl<B: Backend> Engine<B> {
                 {
                     let (logits, device_choice) = match l {
                         StepLogits::Full(l) => (l, None),
-                        StepLogits::Argmax(id) => (Vec::new(), Some(id)),
-                        StepLogits::Candidates { top, vocab } => {
+                        StepLogits::Argmax(id) => (
+                            Vec::new(),
+                            Some(need::Chosen {
+                                id,
+                                logprob: None,
+                                top: Vec::new(),
+                            }),
+                        ),
+                        StepLogits::Candidates { top, vocab, lse } => {
                             let history = &m.3.token_ids;
                             let b = &mut self.backend;
-                            match need::sample_candidates(b, &mut m.2, &top, vocab, history, row) {
+                            let (r, s) = (&m.1, &mut m.2);
+                            match need::from_candidates(b, r, s, &top, vocab, lse, history, row) {
                                 Ok(choice) => choice,
                                 Err(e) => {
                                     on_event(Event::Done {
@@ -644,6 +652,65 @@ mod tests {
             assert!(rows > 10, "peak {peak}: {rows} candidate rows");
             let expected = if peak > 1.0 { 0 } else { rows };
             assert_eq!(fetches, expected, "peak {peak}");
+        }
+    }
+
+    #[test]
+    fn log_probabilities_and_penalties_from_candidates_equal_the_full_path() {
+        // Greedy and sampling requests with log-probabilities (top 2, and top 12: more than
+        // the 8 candidates) and repetition penalties above and below 1, through a backend
+        // that answers with 8 candidates (with and without the log-normaliser): the same
+        // tokens, log-probabilities and top lists as from full logits.
+        let reqs: Vec<GenRequest> = (0..8)
+            .map(|i| {
+                let mut r = req(vec![1, 99, 2 + i], 12, 5 + i as usize);
+                r.logprobs = i % 2 == 0;
+                r.top_logprobs = [2, 0, 12, 0][i as usize % 4];
+                r.params = SamplingParams {
+                    temperature: if i < 4 { 0.0 } else { 0.7 },
+                    top_p: 0.9,
+                    repetition_penalty: [1.0, 1.3, 0.8, 1.1][i as usize % 4],
+                    seed: Some(i as u64),
+                    ..SamplingParams::greedy()
+                };
+                r
+            })
+            .collect();
+        type Out = (
+            Vec<u32>,
+            Vec<f32>,
+            Vec<Vec<crate::generation::generate::TokenLogprob>>,
+        );
+        let run = |b: FakeBackend| {
+            let mut e = Engine::new(b, 4, 99);
+            let r = e.run(reqs.clone(), &mut |_| {});
+            let out: Vec<Out> = r
+                .into_iter()
+                .map(|g| g.unwrap())
+                .map(|g| (g.token_ids, g.logprobs, g.top_logprobs))
+                .collect();
+            (out, e.backend.candidate_rows, e.backend.step_logits_fetches)
+        };
+        for peak in [10.0, 0.05] {
+            let (full, rows, _) = run(FakeBackend::sum(97).peak(peak));
+            assert_eq!(rows, 0);
+            assert!(full.iter().all(|o| o.0.len() == 12), "{full:?}");
+            let (cands, rows, fetches) = run(FakeBackend::sum(97).peak(peak).candidates(8));
+            assert_eq!(full, cands, "peak {peak}");
+            assert_eq!(rows, 8 * 11, "peak {peak}: every step after the first");
+            // Peaked: only the top-12 rows (more than 8 candidates) need their full rows.
+            if peak > 1.0 {
+                assert_eq!(fetches, 2 * 11, "peak {peak}");
+            } else {
+                assert!(fetches > 2 * 11, "peak {peak}: {fetches}");
+            }
+            let (no_lse, _, fetches) = run(FakeBackend::sum(97)
+                .peak(peak)
+                .candidates(8)
+                .without_logsumexp());
+            assert_eq!(full, no_lse, "peak {peak}, no logsumexp");
+            // Without the normaliser, every row with log-probabilities needs its full row.
+            assert!(fetches >= 4 * 11, "peak {peak}: {fetches}");
         }
     }
 

@@ -249,17 +249,23 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
     ids.dedup();
     for id in ids {
         if let Some(v) = logits.get_mut(id as usize) {
-            // In f64, then clamped into f32's finite range: a penalty near 0 (or near f32::MAX)
-            // must not turn a logit into ±inf, which would make every weight NaN downstream.
-            let x = *v as f64;
-            let y = if x > 0.0 {
-                x / penalty as f64
-            } else {
-                x * penalty as f64
-            };
-            *v = clamp_finite(y);
+            *v = penalised(*v, penalty);
         }
     }
+}
+
+/// One logit under the repetition `penalty`: divided by it when positive, multiplied
+/// otherwise. In f64, then clamped into f32's finite range: a penalty near 0 (or near
+/// f32::MAX) must not turn a logit into ±inf, which would make every weight NaN downstream.
+/// Non-decreasing in `v`, which [`Sampler::next_from_candidates`] relies on.
+fn penalised(v: f32, penalty: f32) -> f32 {
+    let x = v as f64;
+    let y = if x > 0.0 {
+        x / penalty as f64
+    } else {
+        x * penalty as f64
+    };
+    clamp_finite(y)
 }
 
 /// `x` as an `f32` in the finite range: ±inf (or anything beyond f32) becomes ±`f32::MAX`,
@@ -366,6 +372,8 @@ pub struct Sampler {
     values: Vec<f32>,
     /// Scratch: (unnormalised probability, id) of the tokens still in play.
     cands: Vec<(f64, u32)>,
+    /// The distinct ids of the history last given to [`Sampler::next_from_candidates`].
+    seen: candidates::Seen,
 }
 
 impl Sampler {
@@ -380,6 +388,7 @@ impl Sampler {
             rng: Xoshiro256::from_seed(seed),
             values: Vec::new(),
             cands: Vec::new(),
+            seen: Default::default(),
         })
     }
 

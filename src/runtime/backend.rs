@@ -42,17 +42,21 @@ pub enum StepLogits {
         top: Vec<(f32, u32)>,
         /// The vocabulary size (how many logits the candidates were chosen from).
         vocab: usize,
+        /// `log Σ exp(logits)` of the row, when the backend computes it: a candidate's
+        /// log-probability is its logit minus this.
+        lse: Option<f64>,
     },
 }
 
 /// What the caller of [`Backend::decode_batch_select`] needs of one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowNeed {
-    /// The whole distribution (log-probabilities, penalties).
+    /// The whole distribution.
     Full,
     /// Only the greedy choice.
     Argmax,
-    /// The sampling candidates, with the full logits on request.
+    /// The candidates (and the log-normaliser), with the full logits on request: for
+    /// sampling, repetition penalties and log-probabilities whenever the candidates decide.
     Candidates,
 }
 

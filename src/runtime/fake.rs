@@ -38,6 +38,8 @@ pub struct FakeBackend {
     refused_width: Option<usize>,
     decodes: usize,
     candidates: Option<usize>,
+    /// Whether candidate rows come with their log-normaliser.
+    lse: bool,
     last_step: Vec<Vec<f32>>,
     /// Rows answered with sampling candidates, and rows whose full logits were fetched after
     /// them ([`Backend::step_logits`]).
@@ -69,6 +71,7 @@ impl FakeBackend {
             refused_width: None,
             decodes: 0,
             candidates: None,
+            lse: true,
             last_step: Vec::new(),
             candidate_rows: 0,
             step_logits_fetches: 0,
@@ -157,6 +160,13 @@ impl FakeBackend {
     /// with the step's full logits kept for [`Backend::step_logits`].
     pub fn candidates(mut self, k: usize) -> FakeBackend {
         self.candidates = Some(k);
+        self
+    }
+
+    /// Candidate rows without their log-normaliser, as from a graph exported before the
+    /// `logsumexp` output: log-probabilities then need the full row.
+    pub fn without_logsumexp(mut self) -> FakeBackend {
+        self.lse = false;
         self
     }
 
@@ -359,6 +369,9 @@ impl Backend for FakeBackend {
                         StepLogits::Candidates {
                             top,
                             vocab: l.len(),
+                            lse: self
+                                .lse
+                                .then(|| crate::generation::generate::log_sum_exp(l)),
                         }
                     }
                     RowNeed::Full => StepLogits::Full(l.clone()),

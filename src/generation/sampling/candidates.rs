@@ -1,47 +1,102 @@
 //! Sampling from the device's candidates: the K largest logits of a step
 //! ([`ocrctl_exporters::contract::tensor::TOP_LOGITS`]) instead of the whole vocabulary, when
-//! they decide the draw exactly.
+//! they decide the choice exactly.
 //!
 //! A sampling step at batch 128 would otherwise move 128 × 151 936 float32 logits (78 MiB) to
 //! the host and compute ~19 million exponentials there; with the candidates it moves 96 KiB and
 //! computes a few hundred. Exactness is a property test below: the same id as the full path
 //! for the same generator state, or `None` and nothing drawn.
 
-use super::{draw, Sampler, MIN_TEMPERATURE};
+use super::{draw, penalised, Sampler, MIN_TEMPERATURE};
+use std::collections::HashSet;
+
+/// The distinct ids of a growing history, extended step by step: a penalised step then
+/// looks up its K candidates instead of sorting the whole history again.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Seen {
+    ids: HashSet<u32>,
+    /// How much of the history `ids` holds, and its last id.
+    len: usize,
+    last: Option<u32>,
+}
+
+impl Seen {
+    /// The distinct ids of `history`: extended when it continues the history of the last
+    /// call (as the generated tokens of a request do), rebuilt otherwise.
+    fn of(&mut self, history: &[u32]) -> &HashSet<u32> {
+        let continues = history.len() >= self.len
+            && (self.len == 0 || history.get(self.len - 1).copied() == self.last);
+        if !continues {
+            self.ids.clear();
+            self.len = 0;
+        }
+        self.ids.extend(&history[self.len..]);
+        self.len = history.len();
+        self.last = history.last().copied();
+        &self.ids
+    }
+}
 
 impl Sampler {
     /// [`Sampler::next`] from the `K` largest logits only (`cands`: logit and id, as the
-    /// device's TopK returns them, largest first), for a vocabulary of `vocab` ids; `None`
-    /// when those cannot decide the draw exactly, and then nothing was drawn (the generator
-    /// is untouched: call [`Sampler::next`] with the full logits).
+    /// device's TopK returns them, largest first, the lower id first among equal values),
+    /// for a vocabulary of `vocab` ids; `None` when those cannot decide the choice exactly,
+    /// and then nothing was drawn (the generator is untouched: call [`Sampler::next`] with
+    /// the full logits).
     ///
     /// Exact means the same id as [`Sampler::next`] on the full logits with the same
-    /// generator state. It holds when the request samples (temperature > 0) without a
-    /// repetition penalty, and the kept tokens are decided by the candidates alone: top-k
-    /// keeps only candidates (`top_k < K`, its threshold above the K-th logit), or top-p's
-    /// nucleus ends at a candidate above the K-th logit whatever the other `vocab - K` tokens
-    /// weigh (each weighs at most the K-th candidate's weight, so their sum is bounded; the
-    /// nucleus must end at the same place for any sum up to that bound). The weights and the
-    /// draw are computed as in the full path, in the same order, so the choice is the same
-    /// number, not an approximation. At temperature 0.2 and top-p 0.9 (LightOnOCR's
-    /// defaults) a confident model's next token is decided by 64 candidates.
+    /// generator state. The repetition penalty is applied to the candidates in `history`
+    /// as the full path applies it; every other token's processed logit is at most the
+    /// *tail bound*: the K-th raw logit, or its penalised value when a penalty below 1
+    /// raises logits (the penalty is non-decreasing in the logit). Greedy: decided when the
+    /// best processed candidate is above the bound. Sampling: decided when the kept tokens
+    /// are decided by the candidates alone: top-k keeps only candidates (its threshold above
+    /// the bound), or top-p's nucleus ends at a candidate above the bound whatever the other
+    /// `vocab - K` tokens weigh (each weighs at most the bound's weight, so their sum is
+    /// bounded; the nucleus must end at the same place for any sum up to that bound). The
+    /// weights and the draw are computed as in the full path, in the same order, so the
+    /// choice is the same number, not an approximation. At temperature 0.2 and top-p 0.9
+    /// (LightOnOCR's defaults) a confident model's next token is decided by 64 candidates.
     pub fn next_from_candidates(
         &mut self,
         cands: &[(f32, u32)],
         vocab: usize,
         history: &[u32],
     ) -> Option<u32> {
-        let p = &self.params;
-        if p.is_greedy() || (p.repetition_penalty != 1.0 && !history.is_empty()) {
-            return None;
-        }
         let k = cands.len();
         if k == 0 || cands.iter().any(|(v, _)| !v.is_finite()) {
             return None;
         }
-        let floor = cands[k - 1].0;
+        let penalty = self.params.repetition_penalty;
+        let raw_floor = cands[k - 1].0;
+        let penalise = penalty != 1.0 && !history.is_empty();
+        // The candidates as the full path sees them after the penalty (re-sorted), and the
+        // bound on every other token's processed logit.
+        let (cands, floor) = if penalise {
+            let seen = self.seen.of(history);
+            let mut pc: Vec<(f32, u32)> = cands
+                .iter()
+                .map(|&(v, id)| match seen.contains(&id) {
+                    true => (penalised(v, penalty), id),
+                    false => (v, id),
+                })
+                .collect();
+            pc.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            (
+                std::borrow::Cow::Owned(pc),
+                raw_floor.max(penalised(raw_floor, penalty)),
+            )
+        } else {
+            (std::borrow::Cow::Borrowed(cands), raw_floor)
+        };
+        let p = &self.params;
+        let outside = vocab > k;
+        if p.is_greedy() {
+            // The first id among the largest: no token outside may reach it.
+            return (!outside || cands[0].0 > floor).then_some(cands[0].1);
+        }
         // top-k: tokens at or above the top_k-th logit. Inside the candidates only when that
-        // threshold is above the K-th logit (a tie with it may continue outside).
+        // threshold is above the bound (a tie with it may continue outside).
         let top_k = p.top_k;
         let (threshold, tail) = if top_k > 0 && top_k < k.min(vocab) {
             let t = cands[top_k - 1].0;
@@ -50,11 +105,12 @@ impl Sampler {
             }
             (t, false)
         } else {
-            (f32::NEG_INFINITY, vocab > k)
+            (f32::NEG_INFINITY, outside)
         };
         let top_p = p.top_p as f64;
-        if tail && top_p >= 1.0 {
-            // Every token with a positive weight is kept and can be drawn.
+        if tail && (top_p >= 1.0 || cands[0].0 <= floor) {
+            // Every token with a positive weight is kept and can be drawn, or the largest
+            // logit (which every weight is relative to) may lie outside.
             return None;
         }
         let t = (p.temperature as f64).max(MIN_TEMPERATURE);
@@ -91,7 +147,7 @@ impl Sampler {
             }
             let end = end?;
             // The same end for the largest total, and the last kept token weighing strictly
-            // more than the K-th (so that no token outside the candidates ties with it).
+            // more than the bound (so that no token outside the candidates ties with it).
             if acc < hi || (tail && kept[end - 1].0 <= weight(floor)) {
                 return None;
             }
@@ -200,30 +256,22 @@ mod tests {
     }
 
     #[test]
-    fn penalties_greedy_and_broken_logits_take_the_full_path() {
+    fn broken_logits_and_open_tails_take_the_full_path() {
         let l = logits(0, 100, 1);
         let cands = top(&l, 16);
+        // Greedy is decided by the first candidate (ahead of the 16th).
         assert_eq!(
             sampler(0.0, 1.0, 0, 1).next_from_candidates(&cands, 100, &[]),
-            None
-        );
-        let mut s = Sampler::new(SamplingParams {
-            temperature: 0.2,
-            top_p: 0.9,
-            repetition_penalty: 1.2,
-            seed: Some(1),
-            ..SamplingParams::greedy()
-        })
-        .unwrap();
-        assert_eq!(s.next_from_candidates(&cands, 100, &[3]), None);
-        assert!(
-            s.next_from_candidates(&cands, 100, &[]).is_some(),
-            "no history: no penalty"
+            Some(cands[0].1)
         );
         let mut nan = cands.clone();
         nan[3].0 = f32::NAN;
         assert_eq!(
             sampler(0.2, 0.9, 0, 1).next_from_candidates(&nan, 100, &[]),
+            None
+        );
+        assert_eq!(
+            sampler(0.0, 1.0, 0, 1).next_from_candidates(&nan, 100, &[]),
             None
         );
         assert_eq!(
@@ -235,5 +283,99 @@ mod tests {
             sampler(0.2, 1.0, 0, 1).next_from_candidates(&cands, 100, &[]),
             None
         );
+        // Greedy with every candidate penalised below the 16th raw logit: a token outside
+        // may be the largest now.
+        let flat: Vec<(f32, u32)> = (0..16).map(|i| (5.0, i)).collect();
+        let mut g = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
+        assert_eq!(g.next_from_candidates(&flat, 100, &[0, 1, 2]), None);
+    }
+
+    #[test]
+    fn penalised_and_greedy_steps_choose_what_the_full_logits_choose() {
+        let (n, k) = (500, 16);
+        // Decided steps with a penalty above 1, below 1, and greedy ones.
+        let (mut above, mut below, mut greedy, mut cases) = (0, 0, 0, 0);
+        for kind in 0..3u64 {
+            for seed in 0..30u64 {
+                let l = logits(kind, n, 7000 + 1000 * kind + seed);
+                let order = top(&l, n);
+                let cands = &order[..k];
+                // The best candidate, a middle one, the last, the two just outside (a penalty
+                // below 1 may lift them past the K-th) and a random id; each kept or not.
+                let mut r = Xoshiro256::from_seed(seed);
+                let mut history: Vec<u32> = [0, k / 2, k - 1, k, k + 1]
+                    .iter()
+                    .map(|&i| order[i].1)
+                    .chain([(r.next_u64() % n as u64) as u32])
+                    .collect();
+                history.retain(|_| !r.next_u64().is_multiple_of(3));
+                for pen in [1.0f32, 1.05, 1.3, 3.0, 0.9, 0.5] {
+                    for t in [0.0f32, 0.2, 1.0] {
+                        for p in [0.9f32, 1.0] {
+                            for tk in [0usize, 5, 40] {
+                                let params = SamplingParams {
+                                    temperature: t,
+                                    top_p: p,
+                                    top_k: tk,
+                                    repetition_penalty: pen,
+                                    seed: Some(seed),
+                                    ..SamplingParams::greedy()
+                                };
+                                let mut a = Sampler::new(params.clone()).unwrap();
+                                let mut b = Sampler::new(params).unwrap();
+                                let ctx = format!(
+                                    "kind {kind} seed {seed} penalty {pen} T {t} top_p {p} \
+                                     top_k {tk} history {history:?}"
+                                );
+                                cases += 1;
+                                // Twice: the second call reuses the history's ids.
+                                for _ in 0..2 {
+                                    let full = b.next(&mut l.clone(), &history);
+                                    match a.next_from_candidates(cands, n, &history) {
+                                        Some(id) => {
+                                            assert_eq!(id, full, "{ctx}");
+                                            match (t == 0.0, pen < 1.0) {
+                                                (true, _) => greedy += 1,
+                                                (false, false) => above += 1,
+                                                (false, true) => below += 1,
+                                            }
+                                        }
+                                        None => {
+                                            let x = a.next(&mut l.clone(), &history);
+                                            assert_eq!(x, full, "{ctx}");
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Most greedy steps are decided (two calls per case, a third of them greedy).
+        assert!(
+            greedy * 3 >= cases && above > 0 && below > 0,
+            "{greedy} {above} {below} of {cases}"
+        );
+    }
+
+    #[test]
+    fn the_history_ids_follow_a_growing_history_and_rebuild_otherwise() {
+        let sorted = |s: &HashSet<u32>| {
+            let mut v: Vec<u32> = s.iter().copied().collect();
+            v.sort();
+            v
+        };
+        let mut s = Seen::default();
+        assert_eq!(sorted(s.of(&[1, 2, 2])), [1, 2]);
+        assert_eq!(sorted(s.of(&[1, 2, 2, 7])), [1, 2, 7]);
+        // Shorter, or the same length with another last id: rebuilt.
+        assert_eq!(sorted(s.of(&[5])), [5]);
+        assert_eq!(sorted(s.of(&[6])), [6]);
+        assert_eq!(sorted(s.of(&[3, 4, 9])), [3, 4, 9]);
     }
 }

@@ -42,7 +42,7 @@ use ort::memory::{Allocator, MemoryInfo};
 use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut};
 use ort::AsPointer;
-use outputs::{rows_out, to_host, Fetch, LastLogits, LogitsAt};
+use outputs::{rows_out, to_host, Fetch, LastLogits, LogitsAt, TopOut};
 use std::sync::{Arc, Mutex};
 
 const PART: &str = graph::DECODER_GQA;
@@ -111,6 +111,9 @@ pub(super) struct GqaCache {
     has_next_token: bool,
     /// Whether the graph has the sampling candidates (`top_logits`, `top_ids`).
     has_top: bool,
+    /// Whether the graph has the rows' log-normalisers (`logsumexp`; exports before
+    /// 2026-12-03 lack it, and their log-probabilities come from the full logits).
+    has_lse: bool,
     /// The last decode step's logits, for a sampling row that needs them after all.
     last: Option<LastLogits>,
     /// With CUDA graphs enabled on the session: the options of runs that are not captured.
@@ -189,6 +192,10 @@ impl GqaCache {
                 .outputs()
                 .iter()
                 .any(|o| o.name() == tensor::TOP_LOGITS),
+            has_lse: decoder
+                .outputs()
+                .iter()
+                .any(|o| o.name() == tensor::LOGSUMEXP),
             last: None,
             no_graph: None,
             graphs: None,
@@ -252,6 +259,7 @@ impl GqaCache {
             present_names: self.present_names.clone(),
             has_next_token: self.has_next_token,
             has_top: self.has_top,
+            has_lse: self.has_lse,
             last: None,
             no_graph: None,
             graphs: None,
@@ -359,6 +367,10 @@ impl GqaCache {
                     .map_err(rt)?;
             }
         }
+        if self.has_lse {
+            b.bind_output_to_device(tensor::LOGSUMEXP, out_mem(fetch.top))
+                .map_err(rt)?;
+        }
         b.synchronize_inputs().map_err(rt)?;
         let t = std::time::Instant::now();
         let mut out = match &self.no_graph {
@@ -382,6 +394,10 @@ impl GqaCache {
             }
             _ => (Vec::new(), (Vec::new(), 0)),
         };
+        let lse = match out.remove(tensor::LOGSUMEXP) {
+            Some(v) if fetch.top => v.try_extract_tensor::<f32>().map_err(ex)?.1.to_vec(),
+            _ => Vec::new(),
+        };
         let logits = out
             .remove(tensor::LOGITS)
             .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?
@@ -393,7 +409,12 @@ impl GqaCache {
         } else {
             None
         };
-        let top = fetch.top.then_some((&top_v[..], &top_i.0[..], top_i.1));
+        let top = fetch.top.then_some(TopOut {
+            values: &top_v,
+            ids: &top_i.0,
+            k: top_i.1,
+            lse: &lse,
+        });
         let rows_out = rows_out(want, data, &next, top, vocab);
         // Kept (where the run left them) for a sampling row that needs them after all.
         self.last = Some(LastLogits::new(LogitsAt::Run(logits), want, vocab));

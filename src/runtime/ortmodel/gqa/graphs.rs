@@ -28,7 +28,7 @@
 //! captured at load (ONNX Runtime runs a graph id twice, then captures the third run), before
 //! any sequence exists.
 
-use super::outputs::{rows_out, Fetch, LastLogits, LogitsAt};
+use super::outputs::{rows_out, Fetch, LastLogits, LogitsAt, TopOut};
 use super::{bind_input_in_place, GqaCache, PART};
 use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
 use half::f16;
@@ -68,12 +68,14 @@ impl DecodeGraphs {
     }
 }
 
-/// A bucket's `top_logits`/`top_ids` buffers on the device and their host copies.
+/// A bucket's `top_logits`/`top_ids` (and `logsumexp`, when the graph has it) buffers on
+/// the device and their host copies.
 struct Candidates {
     values: Tensor<f32>,
     ids: Tensor<i64>,
     host_values: Tensor<f32>,
     host_ids: Tensor<i64>,
+    lse: Option<(Tensor<f32>, Tensor<f32>)>,
 }
 
 /// Bucket sizes for `slots` sequences: powers of two below it, then `slots`.
@@ -139,6 +141,13 @@ impl GqaCache {
                     ids: Tensor::new(&alloc, [r, 1, k]).map_err(rt)?,
                     host_values: Tensor::new(&host, [r, 1, k]).map_err(rt)?,
                     host_ids: Tensor::new(&host, [r, 1, k]).map_err(rt)?,
+                    lse: match self.has_lse {
+                        true => Some((
+                            Tensor::new(&alloc, [r, 1]).map_err(rt)?,
+                            Tensor::new(&host, [r, 1]).map_err(rt)?,
+                        )),
+                        false => None,
+                    },
                 });
             }
             match self.elem {
@@ -249,6 +258,17 @@ impl GqaCache {
             }
             .map_err(rt)?;
             b.binding.bind_output(tensor::TOP_IDS, ids).map_err(rt)?;
+            if let Some((lse, _)) = top.lse.as_mut() {
+                let view = unsafe {
+                    TensorRefMut::<f32>::from_raw(
+                        self.kv_mem.clone(),
+                        lse.data_ptr_mut().cast(),
+                        lse.shape().to_vec().into(),
+                    )
+                }
+                .map_err(rt)?;
+                b.binding.bind_output(tensor::LOGSUMEXP, view).map_err(rt)?;
+            }
         }
         Ok(())
     }
@@ -355,10 +375,21 @@ impl GqaCache {
         if let Some(top) = b.top.as_mut().filter(|_| fetch.top) {
             top.values.copy_into(&mut top.host_values).map_err(rt)?;
             top.ids.copy_into(&mut top.host_ids).map_err(rt)?;
+            if let Some((dev, host)) = top.lse.as_mut() {
+                dev.copy_into(host).map_err(rt)?;
+            }
         }
         let top = b.top.as_ref().filter(|_| fetch.top).map(|c| {
-            let (shape, v) = c.host_values.extract_tensor();
-            (v, c.host_ids.extract_tensor().1, shape[2] as usize)
+            let (shape, values) = c.host_values.extract_tensor();
+            TopOut {
+                values,
+                ids: c.host_ids.extract_tensor().1,
+                k: shape[2] as usize,
+                lse: c
+                    .lse
+                    .as_ref()
+                    .map_or(&[][..], |(_, h)| h.extract_tensor().1),
+            }
         });
         let (shape, data) = b.host_logits.extract_tensor();
         let vocab = shape[2] as usize;

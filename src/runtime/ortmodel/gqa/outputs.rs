@@ -38,23 +38,33 @@ impl Fetch {
     }
 }
 
+/// A run's candidates on the host: values and ids (`[rows, K]` row-major), K, and the
+/// rows' log-normalisers when the graph has them (`logsumexp`; empty otherwise).
+pub(in crate::runtime::ortmodel) struct TopOut<'a> {
+    pub values: &'a [f32],
+    pub ids: &'a [i64],
+    pub k: usize,
+    pub lse: &'a [f32],
+}
+
 /// Each wanted row's part of a run's host outputs: `logits` (data, vocab) when fetched,
-/// `next` (one id per row; empty when not fetched), `top` (values, ids, K) when fetched.
+/// `next` (one id per row; empty when not fetched), `top` when fetched.
 pub(in crate::runtime::ortmodel) fn rows_out(
     want: &[(usize, RowNeed)],
     logits: Option<(&[f32], usize)>,
     next: &[i64],
-    top: Option<(&[f32], &[i64], usize)>,
+    top: Option<TopOut>,
     vocab: usize,
 ) -> Vec<StepLogits> {
     want.iter()
-        .map(|&(r, need)| match (need, logits, top) {
+        .map(|&(r, need)| match (need, logits, &top) {
             (RowNeed::Argmax, _, _) if !next.is_empty() => StepLogits::Argmax(next[r] as u32),
-            (RowNeed::Candidates, _, Some((v, ids, k))) => StepLogits::Candidates {
-                top: (r * k..(r + 1) * k)
-                    .map(|i| (v[i], ids[i] as u32))
+            (RowNeed::Candidates, _, Some(t)) => StepLogits::Candidates {
+                top: (r * t.k..(r + 1) * t.k)
+                    .map(|i| (t.values[i], t.ids[i] as u32))
                     .collect(),
                 vocab,
+                lse: t.lse.get(r).map(|v| *v as f64),
             },
             (_, Some((d, vocab)), _) => StepLogits::Full(d[r * vocab..(r + 1) * vocab].to_vec()),
             // Fetch::plan fetches the logits whenever a row's own output is missing.
@@ -128,15 +138,26 @@ mod tests {
         let logits: Vec<f32> = (0..12).map(|i| i as f32).collect(); // 3 rows x vocab 4
         let next = [3i64, 0, 1];
         let (tv, ti) = ([9.0f32, 8.0, 7.0, 6.0, 5.0, 4.0], [1i64, 2, 0, 3, 2, 1]); // K = 2
-        let out = rows_out(&want, Some((&logits, 4)), &next, Some((&tv, &ti, 2)), 4);
+        let lse = [1.5f32, 2.5, 3.5];
+        let top = |lse| TopOut {
+            values: &tv,
+            ids: &ti,
+            k: 2,
+            lse,
+        };
+        let out = rows_out(&want, Some((&logits, 4)), &next, Some(top(&lse)), 4);
         assert_eq!(out[0], StepLogits::Argmax(3));
         assert_eq!(
             out[1],
             StepLogits::Candidates {
                 top: vec![(5.0, 2), (4.0, 1)],
-                vocab: 4
+                vocab: 4,
+                lse: Some(3.5)
             }
         );
+        // A graph without `logsumexp`: candidates without the normaliser.
+        let out = rows_out(&want, Some((&logits, 4)), &next, Some(top(&[])), 4);
+        assert!(matches!(out[1], StepLogits::Candidates { lse: None, .. }));
         assert_eq!(out[2], StepLogits::Full(vec![4.0, 5.0, 6.0, 7.0]));
     }
 }
