@@ -71,31 +71,17 @@ impl super::super::OrtModel {
             .map(|(i, (slot, _))| (*slot, need.get(i).copied().unwrap_or(RowNeed::Full)))
             .collect();
         let g = self.gqa.as_mut().expect("the GQA path has its cache");
-        if g.graphs_enabled() {
-            let (out, run_ns, read_ns) =
-                g.graph_step(&mut self.decoder, &mut self.embed, &ids, &lens, &want)?;
-            for (c, (slot, len)) in caches.iter_mut().zip(&step) {
-                c.len = len + 1;
-                g.set_len(*slot, c.len);
-            }
-            self.stats.bound_runs += 1;
-            self.stats.step_run_ns += run_ns;
-            self.stats.step_logits_ns += read_ns;
-            return Ok((out, caches));
-        }
-        let t = std::time::Instant::now();
-        let embeds = self.embed_ids(vec![ids.len() as i64, 1], &ids)?;
-        self.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
+        let (out, run_ns, read_ns) = if g.graphs_enabled() {
+            g.graph_step(&mut self.decoder, &mut self.embed, &ids, &lens, &want)?
+        } else {
+            let t = std::time::Instant::now();
+            let embeds = self.embed_ids(vec![ids.len() as i64, 1], &ids)?;
+            self.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
+            let g = self.gqa.as_mut().expect("the GQA path has its cache");
+            let host = &self.placement.host;
+            g.run(&mut self.decoder, host, 0, embeds, &lens, 1, &want)?
+        };
         let g = self.gqa.as_mut().expect("the GQA path has its cache");
-        let (out, run_ns, read_ns) = g.run(
-            &mut self.decoder,
-            &self.placement.host,
-            0,
-            embeds,
-            &lens,
-            1,
-            &want,
-        )?;
         for (c, (slot, len)) in caches.iter_mut().zip(&step) {
             c.len = len + 1;
             g.set_len(*slot, c.len);
