@@ -77,30 +77,60 @@ pub fn prefill<B: Backend>(
     backend.forward(e, None)
 }
 
-/// The decoder's input for a prompt: `embed(prompt_ids)` with the rows of the image tokens
-/// replaced by the images' features (all images' rows, in order).
+/// The decoder's input for a prompt: `embed` of the prompt's text ids, with the images'
+/// features (all images' rows, in order) at the positions of the image tokens, as one
+/// `[S, hidden]` array. Only the text ids are embedded (a page's prompt is a few dozen of
+/// them beside thousands of image tokens, whose embeddings would be overwritten), and each
+/// row is copied once. The counts and widths must match; errors name both.
 pub fn prompt_embeds(
     embed: impl FnOnce(&[u32]) -> Result<Array2<f32>, BackendError>,
     prompt_ids: &[u32],
     image_token_id: u32,
     features: &[Array2<f32>],
 ) -> Result<Array2<f32>, BackendError> {
-    let mut e = embed(prompt_ids)?;
-    match features {
-        [] if !prompt_ids.contains(&image_token_id) => {}
-        [] => {
-            let none = Array2::zeros((0, e.ncols()));
-            merge_image_features(&mut e, prompt_ids, image_token_id, &none)?;
-        }
-        [one] => merge_image_features(&mut e, prompt_ids, image_token_id, one)?,
-        many => {
-            let views: Vec<_> = many.iter().map(|f| f.view()).collect();
-            let all = ndarray::concatenate(ndarray::Axis(0), &views)
-                .map_err(|err| BackendError::Invalid(err.to_string()))?;
-            merge_image_features(&mut e, prompt_ids, image_token_id, &all)?;
+    let text: Vec<u32> = prompt_ids
+        .iter()
+        .copied()
+        .filter(|t| *t != image_token_id)
+        .collect();
+    let image_rows = prompt_ids.len() - text.len();
+    let feature_rows: usize = features.iter().map(|f| f.nrows()).sum();
+    if image_rows != feature_rows {
+        return Err(BackendError::Invalid(format!(
+            "the prompt has {image_rows} image tokens (id {image_token_id}) but the vision encoder produced {feature_rows} features"
+        )));
+    }
+    let text = match text.is_empty() {
+        true => None,
+        false => Some(embed(&text)?),
+    };
+    let width = match (&text, features.first()) {
+        (Some(t), _) => t.ncols(),
+        (None, Some(f)) => f.ncols(),
+        (None, None) => 0,
+    };
+    if let Some(f) = features.iter().find(|f| f.ncols() != width) {
+        return Err(BackendError::Invalid(format!(
+            "image features have width {}, token embeddings {width}",
+            f.ncols()
+        )));
+    }
+    let mut data = Vec::with_capacity(prompt_ids.len() * width);
+    let mut text_rows = text.iter().flat_map(|t| t.rows());
+    let mut image_rows = features.iter().flat_map(|f| f.rows());
+    for id in prompt_ids {
+        // Both iterators hold exactly the rows counted above.
+        let row = match *id == image_token_id {
+            true => image_rows.next(),
+            false => text_rows.next(),
+        };
+        match row.as_ref().and_then(|r| r.as_slice()) {
+            Some(r) => data.extend_from_slice(r),
+            None => data.extend(row.iter().flatten()),
         }
     }
-    Ok(e)
+    Array2::from_shape_vec((prompt_ids.len(), width), data)
+        .map_err(|e| BackendError::Invalid(format!("prompt embeddings: {e}")))
 }
 
 /// Replaces the rows of `embeds` at positions where `ids == image_token_id` with the rows
@@ -201,5 +231,56 @@ mod tests {
         assert_eq!(e.row(0).to_vec(), vec![0.0, 0.0]);
         let err = merge_image_features(&mut e, &[9, 1, 1, 1], 9, &f).unwrap_err();
         assert!(err.to_string().contains("1 image tokens"), "{err}");
+    }
+
+    #[test]
+    fn prompt_embeds_embed_the_text_ids_only_and_place_every_images_rows_in_order() {
+        // Embedding of id t: [t, 10 t]; two images of 2 and 1 rows, image token 9.
+        let asked = std::cell::RefCell::new(Vec::new());
+        let embed = |ids: &[u32]| {
+            asked.borrow_mut().extend_from_slice(ids);
+            let d = ids
+                .iter()
+                .flat_map(|t| [*t as f32, *t as f32 * 10.0])
+                .collect();
+            Ok(Array2::from_shape_vec((ids.len(), 2), d).unwrap())
+        };
+        let a = Array2::from_shape_vec((2, 2), vec![-1.0, -2.0, -3.0, -4.0]).unwrap();
+        let b = Array2::from_shape_vec((1, 2), vec![-5.0, -6.0]).unwrap();
+        let ids = [1, 9, 9, 2, 9, 3];
+        let e = prompt_embeds(embed, &ids, 9, &[a.clone(), b.clone()]).unwrap();
+        assert_eq!(*asked.borrow(), vec![1, 2, 3]);
+        let rows: Vec<Vec<f32>> = e.rows().into_iter().map(|r| r.to_vec()).collect();
+        assert_eq!(
+            rows,
+            [
+                [1., 10.],
+                [-1., -2.],
+                [-3., -4.],
+                [2., 20.],
+                [-5., -6.],
+                [3., 30.]
+            ]
+        );
+        // What merge_image_features gives on the whole prompt's embeddings.
+        let mut whole = embed(&ids).unwrap();
+        let all = ndarray::concatenate(ndarray::Axis(0), &[a.view(), b.view()]).unwrap();
+        merge_image_features(&mut whole, &ids, 9, &all).unwrap();
+        assert_eq!(e, whole);
+        // Counts and widths are checked, naming both.
+        let err = prompt_embeds(embed, &ids, 9, std::slice::from_ref(&a)).unwrap_err();
+        assert!(err.to_string().contains("3 image tokens (id 9)"), "{err}");
+        assert!(err.to_string().contains("produced 2 features"), "{err}");
+        let wide = Array2::zeros((1, 3));
+        let err = prompt_embeds(embed, &ids, 9, &[a, wide]).unwrap_err();
+        assert!(
+            err.to_string().contains("width 3, token embeddings 2"),
+            "{err}"
+        );
+        // No image tokens and no features: the text's embeddings as they are.
+        assert_eq!(
+            prompt_embeds(embed, &[4, 5], 9, &[]).unwrap(),
+            embed(&[4, 5]).unwrap()
+        );
     }
 }

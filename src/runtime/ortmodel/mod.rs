@@ -478,7 +478,7 @@ impl Backend for OrtModel {
         const PART: &str = graph::DECODER_MERGED;
         let (s, d) = (embeds.nrows(), embeds.ncols());
         let past = cache.as_ref().map_or(0, |c| c.len);
-        let data: Vec<f32> = embeds.into_iter().collect();
+        let data = tensors::into_row_major(embeds);
         let embeds = float_tensor(self.act, vec![1, s as i64, d as i64], data, PART)?;
         let kv = match cache {
             Some(c) => self.own_kv(c)?,

@@ -95,7 +95,7 @@ impl PagePrefill<OrtCache> for PrefillHandle {
         let (s, d) = (embeds.nrows(), embeds.ncols());
         let mut guard = self.parts.lock().unwrap_or_else(|e| e.into_inner());
         let p = &mut *guard;
-        let data: Vec<f32> = embeds.into_iter().collect();
+        let data = super::tensors::into_row_major(embeds);
         let e = float_tensor(p.act, vec![1, s as i64, d as i64], data, PART)?;
         let (mut out, _, _) = p.cache.run(
             &mut p.decoder,

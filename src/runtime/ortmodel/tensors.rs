@@ -3,12 +3,15 @@
 
 use crate::runtime::backend::BackendError;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use ocrctl_exporters::graph::DType;
 use ort::memory::AllocationDevice;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor, TensorValueTypeMarker, Value};
 use std::borrow::Cow;
 
-/// A float tensor of the graph's activation type (`act`) from f32 data.
+/// A float tensor of the graph's activation type (`act`) from f32 data. float16 through
+/// `half`'s slice conversion (F16C/NEON where the CPU has them): a prompt's embeddings are
+/// millions of values, and converting them one by one cost milliseconds of each prefill.
 pub(super) fn float_tensor(
     act: DType,
     shape: Vec<i64>,
@@ -16,11 +19,11 @@ pub(super) fn float_tensor(
     part: &str,
 ) -> Result<DynTensor, BackendError> {
     let r = match act {
-        DType::F16 => Tensor::from_array((
-            shape,
-            data.into_iter().map(f16::from_f32).collect::<Vec<_>>(),
-        ))
-        .map(|t| t.upcast()),
+        DType::F16 => {
+            let mut h = vec![f16::ZERO; data.len()];
+            h.convert_from_f32_slice(&data);
+            Tensor::from_array((shape, h)).map(|t| t.upcast())
+        }
         _ => Tensor::from_array((shape, data)).map(|t| t.upcast()),
     };
     r.map_err(|e| BackendError::runtime(part, e))
@@ -54,10 +57,24 @@ pub(super) fn read_f<V: TensorValueTypeMarker + ?Sized>(
     let (shape, data) = v
         .try_extract_tensor::<f16>()
         .map_err(|e| BackendError::runtime(part, e))?;
-    Ok((
-        shape.iter().map(|d| *d as usize).collect(),
-        data.iter().map(|x| x.to_f32()).collect(),
-    ))
+    let mut f = vec![0f32; data.len()];
+    data.convert_to_f32_slice(&mut f);
+    Ok((shape.iter().map(|d| *d as usize).collect(), f))
+}
+
+/// The elements of `a` in row-major order, without a copy when `a` is already laid out so.
+pub(super) fn into_row_major<D: ndarray::Dimension>(a: ndarray::Array<f32, D>) -> Vec<f32> {
+    if !a.is_standard_layout() {
+        return a.iter().copied().collect();
+    }
+    let n = a.len();
+    let (mut v, offset) = a.into_raw_vec_and_offset();
+    let offset = offset.unwrap_or(0);
+    if offset > 0 || v.len() != n {
+        v.drain(..offset);
+        v.truncate(n);
+    }
+    v
 }
 
 /// `v` itself when its data is readable from the host, otherwise a copy in host memory

@@ -31,7 +31,10 @@ pub(super) fn encode(
 ) -> Result<Array2<f32>, BackendError> {
     const PART: &str = graph::VISION;
     let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
-    let data: Vec<f32> = pixel_values.iter().copied().collect();
+    let data = match pixel_values.as_slice() {
+        Some(s) => s.to_vec(),
+        None => pixel_values.iter().copied().collect(),
+    };
     // float32 pixels (exports before the onnx-community contract took the activation dtype).
     let pixel_dtype = match vision.inputs().first().map(|i| i.dtype().tensor_type()) {
         Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,

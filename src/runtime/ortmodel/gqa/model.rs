@@ -19,7 +19,7 @@ impl super::super::OrtModel {
             None => super::super::OrtCache::in_slot(g.take()?),
         };
         let slot = slot_of(&cache)?;
-        let data: Vec<f32> = embeds.into_iter().collect();
+        let data = super::super::tensors::into_row_major(embeds);
         let e =
             super::super::tensors::float_tensor(self.act, vec![1, s as i64, d as i64], data, PART)?;
         let (mut logits, _, _) = g.run(
