@@ -146,6 +146,94 @@ fn chat_stream_and_ocr_equal_the_cli_with_logprobs() {
     }
 }
 
+/// `ocrctl ocr --json` (fp32) with `extra` flags: the text.
+fn cli_text(name: &str, max_tokens: usize, extra: &[&str]) -> String {
+    let model = common::exported();
+    let max = max_tokens.to_string();
+    let mut args = vec![
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--precision",
+        "fp32",
+        "--threads",
+        "1",
+        "--max-tokens",
+        &max,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let img = image(name);
+    args.push(img.to_str().unwrap());
+    let out = common::ocrctl_ok(&args);
+    let v: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn presence_and_frequency_penalties_reach_the_sampler_through_every_door() {
+    // Seeded sampling with both penalties: the CLI, the chat endpoint and the upload form
+    // give the same text, and it is not the unpenalised one. (The trained fixture is too
+    // confident for ±2 to turn a greedy step; at temperature 1.5 negative penalties, which
+    // favour the digits already written, turn "5930284" into "5930593".) Out of range,
+    // each door names the parameter.
+    let (name, mime) = IMAGES[0];
+    let sampled = ["--temperature", "1.5", "--top-p", "1", "--seed", "7"];
+    let plain = cli_text(name, MAX_TOKENS, &sampled);
+    let flags = ["--presence-penalty", "-2", "--frequency-penalty", "-2"];
+    let penalised = cli_text(name, MAX_TOKENS, &[&sampled[..], &flags[..]].concat());
+    assert_ne!(penalised, plain);
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 2, 8, &[]);
+    let bytes = std::fs::read(image(name)).unwrap();
+    let mut body = chat_body(&bytes, mime, MAX_TOKENS);
+    body["temperature"] = json!(1.5);
+    body["top_p"] = json!(1);
+    body["seed"] = json!(7);
+    body["presence_penalty"] = json!(-2);
+    body["frequency_penalty"] = json!(-2);
+    assert_eq!(
+        chat_text(&s.post_json("/v1/chat/completions", &body)),
+        penalised
+    );
+    let max = MAX_TOKENS.to_string();
+    let form = |extra: (&str, &str)| {
+        let (ct, mp) = multipart(
+            &[
+                ("max_tokens", &max),
+                ("temperature", "1.5"),
+                ("top_p", "1"),
+                ("seed", "7"),
+                ("presence_penalty", "-2"),
+                extra,
+            ],
+            Some((name, &bytes)),
+        );
+        request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap()
+    };
+    let r = form(("frequency_penalty", "-2"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text().trim_end_matches('\n'), penalised);
+    let r = form(("frequency_penalty", "-3"));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "frequency_penalty");
+    body["presence_penalty"] = json!(2.5);
+    let r = s.post_json("/v1/chat/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "presence_penalty");
+    assert!(r.text().contains("[-2, 2]"), "{}", r.text());
+    let model = common::exported();
+    let err = common::ocrctl_err(&[
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--frequency-penalty",
+        "-2.5",
+        image(name).to_str().unwrap(),
+    ]);
+    assert!(err.contains("--frequency-penalty"), "{err}");
+}
+
 #[test]
 fn stop_strings_cut_the_text_and_report_stop() {
     let dir = tempfile::tempdir().unwrap();

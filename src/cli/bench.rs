@@ -1,7 +1,9 @@
 //! `ocrctl bench`: phase timings of an exported model on synthetic pages.
 //!
 //! For each page size: vision encoder ms, prefill ms (embeddings + image merge + decoder over
-//! the prompt; `of it host`: the embeddings and the merge), time to first token, and decode tokens/s over a fixed number of new tokens
+//! the prompt; `of it host`: the embeddings and the merge), time to first token, the warm-up
+//! run's time to first token (`first TTFT`: what the first page of a new size pays for
+//! kernel plans made per shape), and decode tokens/s over a fixed number of new tokens
 //! (end-of-sequence ignored: random weights never stop on their own) with every step's full
 //! logits brought to the host and its token chosen there, as a request for log-probabilities
 //! decodes (`logits tok/s`); the batch sweep's `decode tokens/s` is the engine's own path
@@ -75,6 +77,12 @@ pub struct BenchArgs {
     /// Repetition penalty of the throughput sweep's requests (1 = off).
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    /// Presence penalty of the throughput sweep's requests (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Frequency penalty of the throughput sweep's requests (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
     /// Top log-probabilities each token of the sweep reports (0 = none; any number asks
     /// for the chosen token's log-probability too). Up to 64 come from the device's
     /// candidates; more take every step's full logits to the host (the path all
@@ -150,6 +158,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         top_p: a.top_p,
         top_k: a.top_k,
         repetition_penalty: a.repetition_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
         seed: Some(0),
         ..SamplingParams::greedy()
     };
@@ -193,6 +203,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         let ids = &p.prompt_ids;
         let (mut vis, mut pf, mut pe, mut dec) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut row_gpu = GpuPeak::default();
+        // The warm-up run's vision and prefill: what the first page of a new size costs
+        // (kernel plans and algorithm searches made for each new shape).
+        let mut first = (0.0, 0.0);
         for run in 0..=a.runs {
             let t = Instant::now();
             let feats = model.encode_image(&p.pixel_values)?;
@@ -215,7 +228,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             let d_s = t.elapsed().as_secs_f64();
             row_gpu.merge(&gpu.poll());
             drop(cache);
-            if run > 0 {
+            if run == 0 {
+                first = (v_ms, p_ms);
+            } else {
                 vis.push(v_ms);
                 pf.push(p_ms);
                 pe.push(e_ms);
@@ -231,6 +246,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             "prefill_ms": pr,
             "prefill_embed_ms": median(&mut pe),
             "ttft_ms": v + pr,
+            "first_vision_ms": first.0,
+            "first_prefill_ms": first.1,
             "decode_tokens_per_s": median(&mut dec),
             "runs": a.runs,
             "gpu_process_mib": row_gpu.process_mib,
@@ -301,6 +318,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "top_p": a.top_p,
         "top_k": a.top_k,
         "repetition_penalty": a.repetition_penalty,
+        "presence_penalty": a.presence_penalty,
+        "frequency_penalty": a.frequency_penalty,
         "top_logprobs": a.top_logprobs,
         "threads": opts.threads,
         "load_s": load_s,
@@ -378,11 +397,16 @@ fn print_table(out: &serde_json::Value) {
     let kv = &out["kv"];
     let penalty = out["repetition_penalty"].as_f64().unwrap_or(1.0);
     let top_logprobs = out["top_logprobs"].as_u64().unwrap_or(0);
-    if out["temperature"].as_f64().unwrap_or(0.0) > 0.0 || penalty != 1.0 || top_logprobs > 0 {
+    let (pres, freq) = (
+        out["presence_penalty"].as_f64().unwrap_or(0.0),
+        out["frequency_penalty"].as_f64().unwrap_or(0.0),
+    );
+    let penalised = penalty != 1.0 || pres != 0.0 || freq != 0.0;
+    if out["temperature"].as_f64().unwrap_or(0.0) > 0.0 || penalised || top_logprobs > 0 {
         println!(
-            "sweep at temperature {} top-p {} top-k {} repetition penalty {penalty} top \
-             log-probabilities {top_logprobs}: {} rows needed full logits after the device's \
-             candidates",
+            "sweep at temperature {} top-p {} top-k {} penalties repetition {penalty} presence \
+             {pres} frequency {freq}, top log-probabilities {top_logprobs}: {} rows needed \
+             full logits after the device's candidates",
             out["temperature"], out["top_p"], out["top_k"], kv["step_logits_fallbacks"]
         );
     }
@@ -398,25 +422,27 @@ fn print_table(out: &serde_json::Value) {
             .map_or(String::new(), |e| format!("; fell back to host: {e}")),
     );
     println!(
-        "{:>10} {:>7} {:>11} {:>11} {:>10} {:>10} {:>12} {:>8}",
+        "{:>10} {:>7} {:>11} {:>11} {:>10} {:>10} {:>11} {:>12} {:>8}",
         "size",
         "tokens",
         "vision ms",
         "prefill ms",
         "of it host",
         "TTFT ms",
+        "first TTFT",
         "logits tok/s",
         "GPU MiB"
     );
     for r in out["results"].as_array().into_iter().flatten() {
         println!(
-            "{:>10} {:>7} {:>11.1} {:>11.1} {:>10.1} {:>10.1} {:>12.2} {:>8}",
+            "{:>10} {:>7} {:>11.1} {:>11.1} {:>10.1} {:>10.1} {:>11.1} {:>12.2} {:>8}",
             r["size"].as_str().unwrap_or(""),
             r["image_tokens"].to_string(),
             f(&r["vision_ms"]),
             f(&r["prefill_ms"]),
             f(&r["prefill_embed_ms"]),
             f(&r["ttft_ms"]),
+            f(&r["first_vision_ms"]) + f(&r["first_prefill_ms"]),
             f(&r["decode_tokens_per_s"]),
             mib(&r["gpu_process_mib"]),
         );

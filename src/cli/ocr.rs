@@ -57,6 +57,14 @@ pub struct OcrArgs {
     /// (default: generation_config.json's, else 1).
     #[arg(long, allow_negative_numbers = true)]
     repetition_penalty: Option<f32>,
+    /// Subtract this from the logit of every token already generated, once (OpenAI's
+    /// presence penalty, -2 to 2; default 0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    presence_penalty: Option<f32>,
+    /// Subtract this from the logit of a token already generated, once per time it was
+    /// (OpenAI's frequency penalty, -2 to 2; default 0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    frequency_penalty: Option<f32>,
     /// Random seed for sampling (default: a fresh one per image).
     #[arg(long)]
     seed: Option<u64>,
@@ -213,6 +221,8 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         top_p: a.top_p.unwrap_or(base.top_p),
         top_k: a.top_k.unwrap_or(base.top_k),
         repetition_penalty: a.repetition_penalty.unwrap_or(base.repetition_penalty),
+        presence_penalty: a.presence_penalty.unwrap_or(base.presence_penalty),
+        frequency_penalty: a.frequency_penalty.unwrap_or(base.frequency_penalty),
         seed: a.seed,
         loop_guard: a.loop_guard.then(LoopGuard::default),
     };

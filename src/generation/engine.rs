@@ -658,7 +658,8 @@ mod tests {
     #[test]
     fn log_probabilities_and_penalties_from_candidates_equal_the_full_path() {
         // Greedy and sampling requests with log-probabilities (top 2, and top 12: more than
-        // the 8 candidates) and repetition penalties above and below 1, through a backend
+        // the 8 candidates), repetition penalties above and below 1 and presence and
+        // frequency penalties of both signs, through a backend
         // that answers with 8 candidates (with and without the log-normaliser): the same
         // tokens, log-probabilities and top lists as from full logits.
         let reqs: Vec<GenRequest> = (0..8)
@@ -670,6 +671,8 @@ mod tests {
                     temperature: if i < 4 { 0.0 } else { 0.7 },
                     top_p: 0.9,
                     repetition_penalty: [1.0, 1.3, 0.8, 1.1][i as usize % 4],
+                    presence_penalty: [0.0, 0.0, 0.6, -0.4, 1.0, -1.5, 0.0, 2.0][i as usize],
+                    frequency_penalty: [0.0, 0.5, 0.0, 0.3, -0.2, 0.0, 0.0, -2.0][i as usize],
                     seed: Some(i as u64),
                     ..SamplingParams::greedy()
                 };

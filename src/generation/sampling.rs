@@ -6,7 +6,9 @@
 //! 1. **Repetition penalty** (transformers' `RepetitionPenaltyLogitsProcessor`, the CTRL
 //!    paper's rule): for every *distinct* token id of `history`, a positive logit is divided
 //!    by the penalty and a negative one multiplied by it. `1.0` is off. It applies in greedy
-//!    mode too, as in transformers.
+//!    mode too, as in transformers. Then OpenAI's **frequency and presence penalties** (as
+//!    vLLM applies them, after the repetition penalty): an id seen `c` times in `history`
+//!    loses `c × frequency_penalty + presence_penalty`; both `0` = off, each in `[-2, 2]`.
 //! 2. **Temperature** `0` selects the largest logit (the first one on ties, as
 //!    `torch.argmax` and [`crate::generation::generate::argmax_and_top_k`]); otherwise the logits are
 //!    divided by the temperature.
@@ -66,6 +68,10 @@ pub enum SamplingError {
     TopK { got: String },
     #[error("repetition_penalty must be a finite number > 0 (1 = off), got {got}")]
     RepetitionPenalty { got: String },
+    #[error("presence_penalty must be a number in [-2, 2] (0 = off), got {got}")]
+    PresencePenalty { got: String },
+    #[error("frequency_penalty must be a number in [-2, 2] (0 = off), got {got}")]
+    FrequencyPenalty { got: String },
     #[error("do_sample must be true or false, got {got}")]
     DoSample { got: String },
     #[error("loop_guard.{field} must be {expected}, got {got}")]
@@ -84,6 +90,8 @@ impl SamplingError {
             SamplingError::TopP { .. } => "top_p",
             SamplingError::TopK { .. } => "top_k",
             SamplingError::RepetitionPenalty { .. } => "repetition_penalty",
+            SamplingError::PresencePenalty { .. } => "presence_penalty",
+            SamplingError::FrequencyPenalty { .. } => "frequency_penalty",
             SamplingError::DoSample { .. } => "do_sample",
             SamplingError::LoopGuard { field, .. } => match *field {
                 "window" => "loop_guard.window",
@@ -106,6 +114,12 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Repetition penalty, `> 0`; `1` = off. Applied in greedy mode too.
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty in `[-2, 2]`: subtracted once from the logit of every id of
+    /// the history; `0` = off. Applied in greedy mode too.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty in `[-2, 2]`: subtracted from an id's logit once per
+    /// occurrence in the history; `0` = off. Applied in greedy mode too.
+    pub frequency_penalty: f32,
     /// Seed of the request's generator; `None` picks a fresh one (see [`Sampler::seed`]).
     pub seed: Option<u64>,
     /// Stop runaway repetition (see [`LoopGuard`]); `None` = off.
@@ -128,6 +142,8 @@ impl SamplingParams {
             top_p: 1.0,
             top_k: 0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: None,
             loop_guard: None,
         }
@@ -136,6 +152,14 @@ impl SamplingParams {
     /// Whether tokens are chosen by argmax (temperature 0).
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
+    }
+
+    /// Whether any penalty (repetition, presence, frequency) changes the logits of the
+    /// history's ids.
+    pub fn penalises(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 
     /// Checks every parameter; the error names the first one out of range.
@@ -151,6 +175,14 @@ impl SamplingParams {
         let r = self.repetition_penalty;
         if !(r.is_finite() && r > 0.0) {
             return Err(SamplingError::RepetitionPenalty { got: r.to_string() });
+        }
+        let x = self.presence_penalty;
+        if !(-2.0..=2.0).contains(&x) {
+            return Err(SamplingError::PresencePenalty { got: x.to_string() });
+        }
+        let x = self.frequency_penalty;
+        if !(-2.0..=2.0).contains(&x) {
+            return Err(SamplingError::FrequencyPenalty { got: x.to_string() });
         }
         if let Some(g) = &self.loop_guard {
             g.validate()?;
@@ -237,21 +269,37 @@ fn integer(v: &Value) -> Option<usize> {
     (f >= 0.0 && f.fract() == 0.0 && f <= usize::MAX as f64).then_some(f as usize)
 }
 
-/// Applies the repetition penalty in place to every distinct id of `history`: a positive
-/// logit is divided by `penalty`, any other multiplied by it. Ids outside `logits` are
-/// ignored; `penalty == 1` does nothing.
-pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
-    if penalty == 1.0 || history.is_empty() {
+/// Applies every penalty of `params` in place to the ids of `history` (the module docs give
+/// the order): the repetition penalty to each distinct id, then `count × frequency_penalty +
+/// presence_penalty` subtracted. Ids outside `logits` are ignored.
+pub fn apply_penalties(logits: &mut [f32], history: &[u32], params: &SamplingParams) {
+    if !params.penalises() || history.is_empty() {
         return;
     }
     let mut ids = history.to_vec();
     ids.sort_unstable();
-    ids.dedup();
-    for id in ids {
-        if let Some(v) = logits.get_mut(id as usize) {
-            *v = penalised(*v, penalty);
+    for run in ids.chunk_by(|a, b| a == b) {
+        if let Some(v) = logits.get_mut(run[0] as usize) {
+            *v = penalised_all(*v, run.len(), params);
         }
     }
+}
+
+/// One logit of an id seen `count` times under every penalty of `params`. Non-decreasing
+/// in `v` ([`Sampler::next_from_candidates`] relies on it); `-inf` stays `-inf`.
+fn penalised_all(v: f32, count: usize, params: &SamplingParams) -> f32 {
+    if v == f32::NEG_INFINITY {
+        return v;
+    }
+    let v = match params.repetition_penalty {
+        1.0 => v,
+        r => penalised(v, r),
+    };
+    let (f, p) = (params.frequency_penalty, params.presence_penalty);
+    if f == 0.0 && p == 0.0 {
+        return v;
+    }
+    clamp_finite(v as f64 - count as f64 * f as f64 - p as f64)
 }
 
 /// One logit under the repetition `penalty`: divided by it when positive, multiplied
@@ -442,7 +490,7 @@ impl Sampler {
     fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> (u32, Option<f64>) {
         assert!(!logits.is_empty(), "Sampler::next: empty logits");
         sanitize(logits);
-        apply_repetition_penalty(logits, history, self.params.repetition_penalty);
+        apply_penalties(logits, history, &self.params);
         if self.params.is_greedy() {
             return (argmax(logits) as u32, None);
         }
@@ -796,10 +844,14 @@ mod tests {
     fn repetition_penalty_touches_seen_ids_only() {
         let mut x = vec![2.0f32, -1.0, 0.5, -3.0, 4.0, 0.0];
         // Duplicates are penalised once; ids outside the vocabulary are ignored.
-        apply_repetition_penalty(&mut x, &[0, 1, 0, 3, 5, 99], 2.0);
+        let rep = |r| SamplingParams {
+            repetition_penalty: r,
+            ..SamplingParams::greedy()
+        };
+        apply_penalties(&mut x, &[0, 1, 0, 3, 5, 99], &rep(2.0));
         assert_eq!(x, vec![1.0, -2.0, 0.5, -6.0, 4.0, 0.0]);
         let mut y = vec![2.0f32, -1.0];
-        apply_repetition_penalty(&mut y, &[0, 1], 1.0);
+        apply_penalties(&mut y, &[0, 1], &rep(1.0));
         assert_eq!(y, vec![2.0, -1.0]);
         // In greedy mode it changes the choice: 3.0 / 1.1 < 2.9.
         let mut s = Sampler::new(SamplingParams {
@@ -809,6 +861,63 @@ mod tests {
         .unwrap();
         assert_eq!(s.next(&mut [3.0, 2.9], &[]), 0);
         assert_eq!(s.next(&mut [3.0, 2.9], &[0]), 1);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_occurrences_after_the_repetition_penalty() {
+        let params = |r, p, f| SamplingParams {
+            repetition_penalty: r,
+            presence_penalty: p,
+            frequency_penalty: f,
+            ..SamplingParams::greedy()
+        };
+        // Id 0 seen twice, 1 once, 3 three times; 2 and 4 never; 99 outside.
+        let history = [0, 1, 3, 0, 3, 3, 99];
+        let mut x = vec![2.0f32, -1.0, 0.5, -3.0, 4.0];
+        apply_penalties(&mut x, &history, &params(1.0, 0.5, 0.25));
+        assert_eq!(
+            x,
+            vec![
+                2.0 - 0.5 - 0.5,
+                -1.0 - 0.25 - 0.5,
+                0.5,
+                -3.0 - 0.75 - 0.5,
+                4.0
+            ]
+        );
+        // Negative values reward what was seen; the repetition penalty comes first.
+        let mut x = vec![2.0f32, -1.0, 0.5, -3.0, 4.0];
+        apply_penalties(&mut x, &history, &params(2.0, -1.0, -0.5));
+        assert_eq!(
+            x,
+            vec![
+                1.0 + 1.0 + 1.0,
+                -2.0 + 0.5 + 1.0,
+                0.5,
+                -6.0 + 1.5 + 1.0,
+                4.0
+            ]
+        );
+        // An impossible token stays impossible.
+        let mut x = vec![f32::NEG_INFINITY, 0.0];
+        apply_penalties(&mut x, &[0, 0], &params(1.0, -2.0, -2.0));
+        assert_eq!(x[0], f32::NEG_INFINITY);
+        // Greedy: a frequency penalty turns the choice after the second occurrence.
+        let mut s = Sampler::new(params(1.0, 0.0, 0.3)).unwrap();
+        assert_eq!(s.next(&mut [3.0, 2.5], &[0]), 0);
+        assert_eq!(s.next(&mut [3.0, 2.5], &[0, 0]), 1);
+        // Ranges: [-2, 2], NaN refused, each error naming its parameter.
+        for (p, f, param) in [
+            (2.5, 0.0, "presence_penalty"),
+            (f32::NAN, 0.0, "presence_penalty"),
+            (0.0, -2.01, "frequency_penalty"),
+            (0.0, f32::INFINITY, "frequency_penalty"),
+        ] {
+            let e = params(1.0, p, f).validate().unwrap_err();
+            assert_eq!(e.param(), param, "{e}");
+            assert!(e.to_string().contains("[-2, 2]"), "{e}");
+        }
+        assert!(params(1.0, -2.0, 2.0).validate().is_ok());
     }
 
     #[test]
@@ -841,7 +950,7 @@ mod tests {
                     top_k: 50,
                     repetition_penalty: penalty,
                     seed: Some(3),
-                    loop_guard: None,
+                    ..SamplingParams::greedy()
                 })
                 .unwrap();
                 let mut l = logits(300, 11);
@@ -904,11 +1013,15 @@ mod tests {
                 &mut r,
                 &[1e-45, 1e-38, 1e-6, 0.5, 1.0, 1.3, 1e6, 1e38, f32::MAX],
             );
+            let presence_penalty = pick(&mut r, &[-2.0, -0.5, 0.0, 1.0, 2.0]);
+            let frequency_penalty = pick(&mut r, &[-2.0, -1e-6, 0.0, 0.7, 2.0]);
             let params = SamplingParams {
                 temperature,
                 top_p,
                 top_k,
                 repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
                 seed: Some(case),
                 loop_guard: None,
             };

@@ -5,8 +5,9 @@
 //! Requests are deserialised into typed structs ([`ChatCompletionRequest`]) so that an
 //! error names the parameter at fault (`messages[0].content[1].image_url.url`, `top_p`, …);
 //! the checks serde cannot express (limits, roles, data URLs) follow, into [`ChatParams`].
-//! vLLM's extra sampling parameters `top_k`, `repetition_penalty` and `ignore_eos` are
-//! accepted at the top level; unknown fields are ignored.
+//! OpenAI's `presence_penalty` and `frequency_penalty` (-2 to 2) are applied, as vLLM
+//! applies them; vLLM's extra sampling parameters `top_k`, `repetition_penalty` and
+//! `ignore_eos` are accepted at the top level; unknown fields are ignored.
 
 pub mod request;
 pub mod response;

@@ -191,6 +191,8 @@ pub(crate) struct Overrides {
     top_p: Option<f32>,
     top_k: Option<usize>,
     repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
     seed: Option<u64>,
 }
 
@@ -202,6 +204,8 @@ impl Overrides {
             top_p: p.top_p,
             top_k: p.top_k,
             repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
             seed: p.seed,
         }
     }
@@ -219,6 +223,12 @@ impl Overrides {
         }
         if let Some(r) = self.repetition_penalty {
             s.repetition_penalty = r;
+        }
+        if let Some(x) = self.presence_penalty {
+            s.presence_penalty = x;
+        }
+        if let Some(x) = self.frequency_penalty {
+            s.frequency_penalty = x;
         }
         if self.seed.is_some() {
             s.seed = self.seed;

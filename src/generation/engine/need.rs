@@ -9,12 +9,9 @@ use ocrctl_exporters::contract::tensor::SAMPLING_CANDIDATES;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Whether the argmax of a request's logits is all its next token needs: greedy, no
-/// repetition penalty, no log-probabilities.
+/// penalty, no log-probabilities.
 pub(super) fn argmax_is_enough(req: &GenRequest) -> bool {
-    req.params.is_greedy()
-        && req.params.repetition_penalty == 1.0
-        && !req.logprobs
-        && req.top_logprobs == 0
+    req.params.is_greedy() && !req.params.penalises() && !req.logprobs && req.top_logprobs == 0
 }
 
 /// What a request needs of its next decoder step: the greedy choice when that is all it

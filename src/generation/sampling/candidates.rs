@@ -7,30 +7,32 @@
 //! computes a few hundred. Exactness is a property test below: the same id as the full path
 //! for the same generator state, or `None` and nothing drawn.
 
-use super::{draw, penalised, Sampler, MIN_TEMPERATURE};
-use std::collections::HashSet;
+use super::{draw, penalised_all, Sampler, SamplingParams, MIN_TEMPERATURE};
+use std::collections::HashMap;
 
-/// The distinct ids of a growing history, extended step by step: a penalised step then
-/// looks up its K candidates instead of sorting the whole history again.
+/// How often each id of a growing history occurs, extended step by step: a penalised step
+/// then looks up its K candidates instead of counting the whole history again.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Seen {
-    ids: HashSet<u32>,
+    ids: HashMap<u32, u32>,
     /// How much of the history `ids` holds, and its last id.
     len: usize,
     last: Option<u32>,
 }
 
 impl Seen {
-    /// The distinct ids of `history`: extended when it continues the history of the last
-    /// call (as the generated tokens of a request do), rebuilt otherwise.
-    fn of(&mut self, history: &[u32]) -> &HashSet<u32> {
+    /// Each distinct id of `history` and its count: extended when it continues the history
+    /// of the last call (as the generated tokens of a request do), rebuilt otherwise.
+    fn of(&mut self, history: &[u32]) -> &HashMap<u32, u32> {
         let continues = history.len() >= self.len
             && (self.len == 0 || history.get(self.len - 1).copied() == self.last);
         if !continues {
             self.ids.clear();
             self.len = 0;
         }
-        self.ids.extend(&history[self.len..]);
+        for id in &history[self.len..] {
+            *self.ids.entry(*id).or_insert(0) += 1;
+        }
         self.len = history.len();
         self.last = history.last().copied();
         &self.ids
@@ -45,10 +47,11 @@ impl Sampler {
     /// the full logits).
     ///
     /// Exact means the same id as [`Sampler::next`] on the full logits with the same
-    /// generator state. The repetition penalty is applied to the candidates in `history`
-    /// as the full path applies it; every other token's processed logit is at most the
-    /// *tail bound*: the K-th raw logit, or its penalised value when a penalty below 1
-    /// raises logits (the penalty is non-decreasing in the logit). Greedy: decided when the
+    /// generator state. The penalties are applied to the candidates in `history` as the full
+    /// path applies them; every other token's processed logit is at most the *tail bound*:
+    /// the K-th raw logit, or, when a penalty can raise logits (repetition below 1, negative
+    /// presence or frequency), the largest penalised value of it over the history's counts
+    /// (the penalties are non-decreasing in the logit). Greedy: decided when the
     /// best processed candidate is above the bound. Sampling: decided when the kept tokens
     /// are decided by the candidates alone: top-k keeps only candidates (its threshold above
     /// the bound), or top-p's nucleus ends at a candidate above the bound whatever the other
@@ -67,25 +70,28 @@ impl Sampler {
         if k == 0 || cands.iter().any(|(v, _)| !v.is_finite()) {
             return None;
         }
-        let penalty = self.params.repetition_penalty;
         let raw_floor = cands[k - 1].0;
-        let penalise = penalty != 1.0 && !history.is_empty();
-        // The candidates as the full path sees them after the penalty (re-sorted), and the
+        let penalise = self.params.penalises() && !history.is_empty();
+        // The candidates as the full path sees them after the penalties (re-sorted), and the
         // bound on every other token's processed logit.
         let (cands, floor) = if penalise {
             let seen = self.seen.of(history);
+            let p = &self.params;
             let mut pc: Vec<(f32, u32)> = cands
                 .iter()
-                .map(|&(v, id)| match seen.contains(&id) {
-                    true => (penalised(v, penalty), id),
-                    false => (v, id),
+                .map(|&(v, id)| match seen.get(&id) {
+                    Some(&c) => (penalised_all(v, c as usize, p), id),
+                    None => (v, id),
                 })
                 .collect();
             pc.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            (
-                std::borrow::Cow::Owned(pc),
-                raw_floor.max(penalised(raw_floor, penalty)),
-            )
+            let floor = match raises(p) {
+                true => seen.values().fold(raw_floor, |m, &c| {
+                    m.max(penalised_all(raw_floor, c as usize, p))
+                }),
+                false => raw_floor,
+            };
+            (std::borrow::Cow::Owned(pc), floor)
         } else {
             (std::borrow::Cow::Borrowed(cands), raw_floor)
         };
@@ -160,6 +166,12 @@ impl Sampler {
         // The same draw as the full path's, over the same candidates in the same order.
         draw(&mut self.rng, &kept[..n]).map(|((_, id), _)| id)
     }
+}
+
+/// Whether a penalty of `p` can raise a logit: a repetition penalty below 1, or a negative
+/// presence or frequency penalty (otherwise every penalised logit is at most the raw one).
+fn raises(p: &SamplingParams) -> bool {
+    p.repetition_penalty < 1.0 || p.presence_penalty < 0.0 || p.frequency_penalty < 0.0
 }
 
 #[cfg(test)]
@@ -297,8 +309,10 @@ mod tests {
     #[test]
     fn penalised_and_greedy_steps_choose_what_the_full_logits_choose() {
         let (n, k) = (500, 16);
-        // Decided steps with a penalty above 1, below 1, and greedy ones.
-        let (mut above, mut below, mut greedy, mut cases) = (0, 0, 0, 0);
+        // Decided steps with penalties that only lower logits, ones that can raise them, and
+        // greedy ones: repetition penalties above and below 1, presence and frequency
+        // penalties of both signs up to the range's ends, and mixes.
+        let (mut lowering, mut raising, mut greedy, mut counted, mut cases) = (0, 0, 0, 0, 0);
         for kind in 0..3u64 {
             for seed in 0..30u64 {
                 let l = logits(kind, n, 7000 + 1000 * kind + seed);
@@ -313,7 +327,25 @@ mod tests {
                     .chain([(r.next_u64() % n as u64) as u32])
                     .collect();
                 history.retain(|_| !r.next_u64().is_multiple_of(3));
-                for pen in [1.0f32, 1.05, 1.3, 3.0, 0.9, 0.5] {
+                // Repeats, for the frequency penalty to count.
+                let again: Vec<u32> = history.iter().take(2).copied().collect();
+                history.extend(again.iter().chain(&again[..again.len().min(1)]));
+                for (pen, pres, freq) in [
+                    (1.0f32, 0.0f32, 0.0f32),
+                    (1.05, 0.0, 0.0),
+                    (1.3, 0.0, 0.0),
+                    (3.0, 0.0, 0.0),
+                    (0.9, 0.0, 0.0),
+                    (0.5, 0.0, 0.0),
+                    (1.0, 0.5, 0.0),
+                    (1.0, 0.0, 0.3),
+                    (1.0, 2.0, 2.0),
+                    (1.0, -0.5, 0.0),
+                    (1.0, 0.0, -0.4),
+                    (1.0, -2.0, -2.0),
+                    (1.2, 1.0, 0.5),
+                    (0.8, -1.0, 0.3),
+                ] {
                     for t in [0.0f32, 0.2, 1.0] {
                         for p in [0.9f32, 1.0] {
                             for tk in [0usize, 5, 40] {
@@ -322,13 +354,16 @@ mod tests {
                                     top_p: p,
                                     top_k: tk,
                                     repetition_penalty: pen,
+                                    presence_penalty: pres,
+                                    frequency_penalty: freq,
                                     seed: Some(seed),
                                     ..SamplingParams::greedy()
                                 };
                                 let mut a = Sampler::new(params.clone()).unwrap();
                                 let mut b = Sampler::new(params).unwrap();
                                 let ctx = format!(
-                                    "kind {kind} seed {seed} penalty {pen} T {t} top_p {p} \
+                                    "kind {kind} seed {seed} penalties {pen}/{pres}/{freq} T {t} \
+                                     top_p {p} \
                                      top_k {tk} history {history:?}"
                                 );
                                 cases += 1;
@@ -338,10 +373,13 @@ mod tests {
                                     match a.next_from_candidates(cands, n, &history) {
                                         Some(id) => {
                                             assert_eq!(id, full, "{ctx}");
-                                            match (t == 0.0, pen < 1.0) {
+                                            match (t == 0.0, raises(a.params())) {
                                                 (true, _) => greedy += 1,
-                                                (false, false) => above += 1,
-                                                (false, true) => below += 1,
+                                                (false, false) => lowering += 1,
+                                                (false, true) => raising += 1,
+                                            }
+                                            if pres != 0.0 || freq != 0.0 {
+                                                counted += 1;
                                             }
                                         }
                                         None => {
@@ -356,26 +394,27 @@ mod tests {
                 }
             }
         }
-        // Most greedy steps are decided (two calls per case, a third of them greedy).
+        // Most greedy steps are decided (two calls per case, a third of them greedy), and
+        // sampled ones under each kind of penalty, presence and frequency among them.
         assert!(
-            greedy * 3 >= cases && above > 0 && below > 0,
-            "{greedy} {above} {below} of {cases}"
+            greedy * 3 >= cases && lowering > 0 && raising > 0 && counted > cases / 10,
+            "{greedy} {lowering} {raising} {counted} of {cases}"
         );
     }
 
     #[test]
     fn the_history_ids_follow_a_growing_history_and_rebuild_otherwise() {
-        let sorted = |s: &HashSet<u32>| {
-            let mut v: Vec<u32> = s.iter().copied().collect();
+        let sorted = |s: &HashMap<u32, u32>| {
+            let mut v: Vec<(u32, u32)> = s.iter().map(|(k, v)| (*k, *v)).collect();
             v.sort();
             v
         };
         let mut s = Seen::default();
-        assert_eq!(sorted(s.of(&[1, 2, 2])), [1, 2]);
-        assert_eq!(sorted(s.of(&[1, 2, 2, 7])), [1, 2, 7]);
+        assert_eq!(sorted(s.of(&[1, 2, 2])), [(1, 1), (2, 2)]);
+        assert_eq!(sorted(s.of(&[1, 2, 2, 7, 1])), [(1, 2), (2, 2), (7, 1)]);
         // Shorter, or the same length with another last id: rebuilt.
-        assert_eq!(sorted(s.of(&[5])), [5]);
-        assert_eq!(sorted(s.of(&[6])), [6]);
-        assert_eq!(sorted(s.of(&[3, 4, 9])), [3, 4, 9]);
+        assert_eq!(sorted(s.of(&[5])), [(5, 1)]);
+        assert_eq!(sorted(s.of(&[6])), [(6, 1)]);
+        assert_eq!(sorted(s.of(&[3, 4, 9, 3])), [(3, 2), (4, 1), (9, 1)]);
     }
 }

@@ -9,22 +9,38 @@ use ort::memory::AllocationDevice;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor, TensorValueTypeMarker, Value};
 use std::borrow::Cow;
 
-/// A float tensor of the graph's activation type (`act`) from f32 data. float16 through
-/// `half`'s slice conversion (F16C/NEON where the CPU has them): a prompt's embeddings are
-/// millions of values, and converting them one by one cost milliseconds of each prefill.
+/// A float tensor of the graph's activation type (`act`) from f32 data.
 pub(super) fn float_tensor(
     act: DType,
     shape: Vec<i64>,
     data: Vec<f32>,
     part: &str,
 ) -> Result<DynTensor, BackendError> {
+    match act {
+        DType::F16 => float_tensor_from(act, shape, &data, part),
+        _ => Tensor::from_array((shape, data))
+            .map(|t| t.upcast())
+            .map_err(|e| BackendError::runtime(part, e)),
+    }
+}
+
+/// [`float_tensor`] from borrowed data: float16 is converted straight from the slice (no
+/// float32 copy first). Conversions go through `half`'s slice routines (F16C/NEON where the
+/// CPU has them): a page's pixels and a prompt's embeddings are millions of values, and
+/// converting them one at a time cost milliseconds of every page's time to first token.
+pub(super) fn float_tensor_from(
+    act: DType,
+    shape: Vec<i64>,
+    data: &[f32],
+    part: &str,
+) -> Result<DynTensor, BackendError> {
     let r = match act {
         DType::F16 => {
             let mut h = vec![f16::ZERO; data.len()];
-            h.convert_from_f32_slice(&data);
+            h.convert_from_f32_slice(data);
             Tensor::from_array((shape, h)).map(|t| t.upcast())
         }
-        _ => Tensor::from_array((shape, data)).map(|t| t.upcast()),
+        _ => Tensor::from_array((shape, data.to_vec())).map(|t| t.upcast()),
     };
     r.map_err(|e| BackendError::runtime(part, e))
 }

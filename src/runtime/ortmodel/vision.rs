@@ -2,7 +2,7 @@
 //! [`super::OrtModel`]'s `encode_image` and the [`VisionHandle`] a vision stage runs on its
 //! own thread ([`crate::generation::vision`]).
 
-use super::tensors::{float_tensor, read_f};
+use super::tensors::{float_tensor, float_tensor_from, read_f};
 use super::{graph, tap_outputs, tensor, DType, Tap};
 use crate::runtime::backend::{BackendError, ImageEncoder};
 use ndarray::{Array2, Array4};
@@ -31,16 +31,20 @@ pub(super) fn encode(
 ) -> Result<Array2<f32>, BackendError> {
     const PART: &str = graph::VISION;
     let shape: Vec<i64> = pixel_values.shape().iter().map(|d| *d as i64).collect();
-    let data = match pixel_values.as_slice() {
-        Some(s) => s.to_vec(),
-        None => pixel_values.iter().copied().collect(),
-    };
     // float32 pixels (exports before the onnx-community contract took the activation dtype).
     let pixel_dtype = match vision.inputs().first().map(|i| i.dtype().tensor_type()) {
         Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
         _ => DType::F32,
     };
-    let input = float_tensor(pixel_dtype, shape, data, PART)?;
+    let input = match pixel_values.as_slice() {
+        Some(s) => float_tensor_from(pixel_dtype, shape, s, PART)?,
+        None => float_tensor(
+            pixel_dtype,
+            shape,
+            pixel_values.iter().copied().collect(),
+            PART,
+        )?,
+    };
     let mut out = vision
         .run(vec![(
             Cow::from(tensor::PIXEL_VALUES),

@@ -58,10 +58,10 @@ pub struct ChatCompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Choices per request; only 1 is served.
     pub n: Option<u64>,
-    /// Refused unless 0 (use `repetition_penalty`).
-    pub presence_penalty: Option<f64>,
-    /// Refused unless 0 (use `repetition_penalty`).
-    pub frequency_penalty: Option<f64>,
+    /// OpenAI's presence penalty, -2 to 2 (applied to the generated tokens, as vLLM does).
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty, -2 to 2 (applied to the generated tokens, as vLLM does).
+    pub frequency_penalty: Option<f32>,
     /// Refused when given (tool calls are not implemented).
     pub tools: Option<IgnoredAny>,
     /// Refused when given (the legacy name of `tools`).
@@ -244,6 +244,8 @@ pub struct ChatParams {
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
     pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -411,17 +413,6 @@ impl ChatCompletionRequest {
                 format!("{what} are not supported by this server"),
             ));
         }
-        for (key, value) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-        ] {
-            if value.is_some_and(|x| x != 0.0) {
-                return Err(ApiError::bad(
-                    key,
-                    format!("{key} is not supported; use repetition_penalty"),
-                ));
-            }
-        }
         let n = self.n.unwrap_or(1);
         if n != 1 {
             return Err(ApiError::bad("n", format!("n must be 1 (got {n})")));
@@ -500,6 +491,8 @@ impl ChatCompletionRequest {
             top_p: self.top_p,
             top_k,
             repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed: self.seed.map(|s| s.0),
             stop,
             stream: self.stream.unwrap_or(false),
@@ -772,11 +765,6 @@ mod tests {
                 r#""logprobs":true,"top_logprobs":21"#,
                 "top_logprobs",
                 "at most 20",
-            ),
-            (
-                r#""presence_penalty":0.5"#,
-                "presence_penalty",
-                "repetition_penalty",
             ),
             (
                 r#""response_format":{}"#,

@@ -20,7 +20,8 @@ pub(crate) fn field_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, 
 }
 
 /// `POST /v1/ocr`: multipart with a `file` (image or PDF) and optional `max_tokens`,
-/// `temperature`, `top_p`, `top_k`, `repetition_penalty`, `seed`, `prompt` fields.
+/// `temperature`, `top_p`, `top_k`, `repetition_penalty`, `presence_penalty`,
+/// `frequency_penalty`, `seed`, `prompt` fields.
 pub async fn ocr(
     State(st): St,
     Query(q): Query<OcrQuery>,
@@ -50,6 +51,8 @@ pub async fn ocr(
         top_p: None,
         top_k: None,
         repetition_penalty: None,
+        presence_penalty: None,
+        frequency_penalty: None,
         seed: None,
     };
     let mut prompt: Option<String> = None;
@@ -79,6 +82,8 @@ pub async fn ocr(
             "top_p" => o.top_p = Some(field_num(&name, &text())?),
             "top_k" => o.top_k = Some(field_num(&name, &text())?),
             "repetition_penalty" => o.repetition_penalty = Some(field_num(&name, &text())?),
+            "presence_penalty" => o.presence_penalty = Some(field_num(&name, &text())?),
+            "frequency_penalty" => o.frequency_penalty = Some(field_num(&name, &text())?),
             "seed" => o.seed = Some(field_num(&name, &text())?),
             "prompt" => prompt = Some(text()).filter(|t| !t.trim().is_empty()),
             other => {
