@@ -8,9 +8,10 @@
 #   penalties  this build's sweep (BATCHES, NEW_TOKENS) greedy, then with presence and
 #              frequency penalties (positive: decided from the candidates; negative: the tail
 #              bound rises), and with top-5 log-probabilities.
-#   shapes     this build's phase rows over pages of seven sizes (RUNS 2): `first TTFT` is
+#   shapes     this build's phase rows over pages of seven sizes (2 runs): `first TTFT` is
 #              what the first page of each new size pays (kernel plans made per shape; the
-#              first size also pays the session's own warm-up).
+#              first size also pays the session's own warm-up); with ONNX Runtime's default
+#              attention kernels and with ORT_ENABLE_CUDNN_FLASH_ATTENTION=0.
 #   tunable    this build's phase rows with ONNX Runtime's TunableOp on (ORT_CUDA_TUNABLE_OP_*:
 #              GEMM algorithms timed at the first run of each shape) and off.
 # Needs ONNX Runtime's GPU parts, ocrctl.zst (and ocrctl-a.zst for ab) as for scripts/gpu_ab.sh.
@@ -77,12 +78,19 @@ top5 --top-logprobs 5
 LIST
     ;;
   shapes)
+    # Twice: ONNX Runtime's default (cuDNN's flash attention, auto-chosen on SM >= 90, whose
+    # execution plans are built per shape) and ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 (its own
+    # compiled flash-attention kernels).
     export_with b "$BIN"
-    $BIN bench --model /tmp/dummy-b --precision "$P" --decoder gqa --providers cuda \
-      --strict-providers --cuda-graphs on --new-tokens 8 --runs 2 --batch-sizes 1 \
-      --sizes 1092x1540,1540x1092,1200x1540,1000x1400,1540x1540,800x1100,600x840 \
-      --json-out "$R/shapes.json" > "$R/shapes.txt" 2>&1
-    grep -E "^ +(size|[0-9]+x[0-9]+ )" "$R/shapes.txt"
+    for cudnn in default 0; do
+      echo "== cuDNN attention: $cudnn"
+      env $([ $cudnn = 0 ] && echo ORT_ENABLE_CUDNN_FLASH_ATTENTION=0) \
+        $BIN bench --model /tmp/dummy-b --precision "$P" --decoder gqa --providers cuda \
+        --strict-providers --cuda-graphs on --new-tokens 8 --runs 2 --batch-sizes 1 \
+        --sizes 1092x1540,1540x1092,1200x1540,1000x1400,1540x1540,800x1100,600x840 \
+        --json-out "$R/shapes-$cudnn.json" > "$R/shapes-$cudnn.txt" 2>&1
+      grep -E "^ +(size|[0-9]+x[0-9]+ )" "$R/shapes-$cudnn.txt"
+    done
     ;;
   tunable)
     export_with b "$BIN"
