@@ -23,11 +23,6 @@ OUT=${OUT:-/tmp/out}
 R=/tmp/gpu-res
 mkdir -p "$R"
 P=${PREC:-fp16}
-# export_with NAME BIN: the dummy full-size model exported by BIN to /tmp/dummy-NAME (once).
-export_with() {
-  [ -d /tmp/dummy-$1 ] || $2 export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-$1 \
-    --precision "$P" --decoder gqa >/dev/null 2>&1 || echo "export $1 FAILED"
-}
 for step in ${STEP:-parity greedy-ab scored}; do
 case $step in
 parity)

@@ -2,7 +2,8 @@
 # ../shared/GPU.md has left ONNX Runtime's CUDA build in parts, and zstd, in /opt/ortparts:
 # unpacks ONNX Runtime into /opt/ortgpu (once per machine) and points OCRCTL_ORT_LIB at it;
 # `ocrctl_bin ZST NAME` unpacks a carried ocrctl build `.ortgpu/ZST` to /opt/ortparts/NAME (once)
-# and prints that path; BIN is the build under test (.ortgpu/ocrctl.zst) unless already set.
+# and prints that path; BIN is the build under test (.ortgpu/ocrctl.zst) unless already set;
+# `export_with NAME BIN` exports the dummy full-size model with a build (below).
 mkdir -p /opt/ortgpu "${OUT:-/tmp/out}"
 export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
 [ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
@@ -12,3 +13,9 @@ ocrctl_bin() {
   echo "$dest"
 }
 BIN=${BIN:-$(ocrctl_bin ocrctl.zst ocrctl)}
+# export_with NAME BIN: the dummy full-size model exported by BIN (precision PREC, fp16 by
+# default; GQA decoder) to /tmp/dummy-NAME, once per machine.
+export_with() {
+  [ -d /tmp/dummy-$1 ] || $2 export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-$1 \
+    --precision "${PREC:-fp16}" --decoder gqa >/dev/null 2>&1 || echo "export $1 FAILED"
+}

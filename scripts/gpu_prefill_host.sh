@@ -23,11 +23,6 @@ R=/tmp/gpu-res
 mkdir -p "$R"
 P=${PREC:-fp16}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpu.txt"
-# export_with NAME BIN: the dummy full-size model exported by BIN to /tmp/dummy-NAME (once).
-export_with() {
-  [ -d /tmp/dummy-$1 ] || $2 export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-$1 \
-    --precision "$P" --decoder gqa >/dev/null 2>&1 || echo "export $1 FAILED"
-}
 # phase NAME BIN MODEL: phase rows of both page sizes, 8 new tokens, medians of RUNS.
 phase() {
   $2 bench --model "$3" --precision "$P" --decoder gqa --providers cuda --strict-providers \

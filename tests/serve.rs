@@ -27,13 +27,13 @@ const IMAGES: [(&str, &str); 5] = [
     ("wide_downscale.png", "image/png"),
 ];
 
-/// `ocrctl ocr --json` (greedy, fp32) on the fixture image: text and per-step top-2.
-fn cli(name: &str, max_tokens: usize) -> Value {
+/// `ocrctl ocr --json` (fp32, one thread) on the fixture image with `extra` flags: its JSON line.
+fn cli_json(name: &str, max_tokens: usize, extra: &[&str]) -> Value {
     let model = common::exported();
-    let out = common::ocrctl_ok(&[
+    let max = max_tokens.to_string();
+    let img = image(name);
+    let mut args = vec![
         "ocr",
-        "--temperature",
-        "0",
         "--model",
         model.to_str().unwrap(),
         "--precision",
@@ -41,13 +41,22 @@ fn cli(name: &str, max_tokens: usize) -> Value {
         "--threads",
         "1",
         "--max-tokens",
-        &max_tokens.to_string(),
-        "--top-logprobs",
-        "2",
+        &max,
         "--json",
-        image(name).to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    args.push(img.to_str().unwrap());
+    let out = common::ocrctl_ok(&args);
     serde_json::from_str(out.lines().next().unwrap()).unwrap()
+}
+
+/// [`cli_json`] greedy, with each step's top-2.
+fn cli(name: &str, max_tokens: usize) -> Value {
+    cli_json(
+        name,
+        max_tokens,
+        &["--temperature", "0", "--top-logprobs", "2"],
+    )
 }
 
 fn server(dir: &Path, batch: usize, queue: usize, extra: &[&str]) -> Server {
@@ -146,28 +155,12 @@ fn chat_stream_and_ocr_equal_the_cli_with_logprobs() {
     }
 }
 
-/// `ocrctl ocr --json` (fp32) with `extra` flags: the text.
+/// [`cli_json`]'s text.
 fn cli_text(name: &str, max_tokens: usize, extra: &[&str]) -> String {
-    let model = common::exported();
-    let max = max_tokens.to_string();
-    let mut args = vec![
-        "ocr",
-        "--model",
-        model.to_str().unwrap(),
-        "--precision",
-        "fp32",
-        "--threads",
-        "1",
-        "--max-tokens",
-        &max,
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let img = image(name);
-    args.push(img.to_str().unwrap());
-    let out = common::ocrctl_ok(&args);
-    let v: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
-    v["text"].as_str().unwrap().to_string()
+    cli_json(name, max_tokens, extra)["text"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
