@@ -18,10 +18,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu_env.sh
-# Everything goes to /tmp/gpu-res and, after each step, into one $OUT/results.tgz (the device
-# tool brings back a handful of files per call; a call cut short keeps the finished steps).
-R=/tmp/gpu-res
-mkdir -p "$R"
+results_dir
 P=${PREC:-fp16}
 for step in ${STEP:-parity greedy-ab scored}; do
 case $step in
@@ -82,5 +79,5 @@ all --temperature 0.2 --top-p 0.9 --repetition-penalty 1.1 --top-logprobs 5
 EOF
   ;;
 esac
-tar czf "$OUT/results.tgz.part" -C "$R" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+pack_results
 done

@@ -3,7 +3,8 @@
 # unpacks ONNX Runtime into /opt/ortgpu (once per machine) and points OCRCTL_ORT_LIB at it;
 # `ocrctl_bin ZST NAME` unpacks a carried ocrctl build `.ortgpu/ZST` to /opt/ortparts/NAME (once)
 # and prints that path; BIN is the build under test (.ortgpu/ocrctl.zst) unless already set;
-# `export_with NAME BIN` exports the dummy full-size model with a build (below).
+# `export_with NAME BIN` exports the dummy full-size model with a build, `results_dir` and
+# `pack_results` collect a script's files (below).
 mkdir -p /opt/ortgpu "${OUT:-/tmp/out}"
 export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
 [ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
@@ -18,4 +19,11 @@ BIN=${BIN:-$(ocrctl_bin ocrctl.zst ocrctl)}
 export_with() {
   [ -d /tmp/dummy-$1 ] || $2 export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-$1 \
     --precision "${PREC:-fp16}" --decoder gqa >/dev/null 2>&1 || echo "export $1 FAILED"
+}
+# results_dir sets R=/tmp/gpu-res, where a script's files collect; pack_results packs them into
+# one $OUT/results.tgz (the device tool brings back a handful of files per call; packing after
+# each step keeps what a call cut short had finished).
+results_dir() { R=/tmp/gpu-res; mkdir -p "$R"; }
+pack_results() {
+  tar czf "$OUT/results.tgz.part" -C "$R" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
 }

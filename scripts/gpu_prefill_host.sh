@@ -19,8 +19,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu_env.sh
-R=/tmp/gpu-res
-mkdir -p "$R"
+results_dir
 P=${PREC:-fp16}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpu.txt"
 # phase NAME BIN MODEL: phase rows of both page sizes, 8 new tokens, medians of RUNS.
@@ -98,5 +97,5 @@ LIST
     done
     ;;
   esac
-  tar czf "$OUT/results.tgz.part" -C "$R" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+  pack_results
 done
