@@ -228,6 +228,85 @@ fn presence_and_frequency_penalties_reach_the_sampler_through_every_door() {
 }
 
 #[test]
+fn logit_bias_reaches_the_sampler_through_every_door() {
+    // Greedy: banning (-100) the first token the model writes changes the text, never
+    // writes that token, and the CLI, the chat endpoint and the upload form agree. Bad
+    // values, keys and ids are refused naming logit_bias (the flag, on the CLI).
+    let (name, mime) = IMAGES[0];
+    let plain = cli_json(name, MAX_TOKENS, &["--temperature", "0"]);
+    let first = plain["token_ids"][0].as_u64().unwrap();
+    let ban = format!("{first}=-100");
+    let banned = cli_json(
+        name,
+        MAX_TOKENS,
+        &["--temperature", "0", "--logit-bias", &ban],
+    );
+    let ids: Vec<u64> = banned["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert!(!ids.is_empty() && !ids.contains(&first), "{first}: {ids:?}");
+    let text = banned["text"].as_str().unwrap();
+    assert_ne!(text, plain["text"].as_str().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 2, 8, &[]);
+    let bytes = std::fs::read(image(name)).unwrap();
+    let mut body = chat_body(&bytes, mime, MAX_TOKENS);
+    body["temperature"] = json!(0);
+    body["logit_bias"] = json!({ first.to_string(): -100 });
+    assert_eq!(chat_text(&s.post_json("/v1/chat/completions", &body)), text);
+    let max = MAX_TOKENS.to_string();
+    let form = |bias: &str| {
+        let (ct, mp) = multipart(
+            &[
+                ("max_tokens", &max),
+                ("temperature", "0"),
+                ("logit_bias", bias),
+            ],
+            Some((name, &bytes)),
+        );
+        request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap()
+    };
+    let r = form(&format!("{{\"{first}\": -100}}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text().trim_end_matches('\n'), text);
+    for (bias, param, says) in [
+        (json!({"5": 150}), "logit_bias", "[-100, 100]"),
+        (
+            json!({"999999999": 1}),
+            "logit_bias",
+            "outside the vocabulary",
+        ),
+        (json!({"the": 1}), "logit_bias.the", "token ids"),
+        (json!({"5": "high"}), "logit_bias.5", "number"),
+        (json!([1, 2]), "logit_bias", "map"),
+    ] {
+        body["logit_bias"] = bias.clone();
+        let r = s.post_json("/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{bias}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{bias}");
+        assert!(r.text().contains(says), "{bias}: {}", r.text());
+    }
+    let r = form("{5: 1}");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "logit_bias");
+    let model = common::exported();
+    for bad in ["5=200", "5", "x=1"] {
+        let err = common::ocrctl_err(&[
+            "ocr",
+            "--model",
+            model.to_str().unwrap(),
+            "--logit-bias",
+            bad,
+            image(name).to_str().unwrap(),
+        ]);
+        assert!(err.contains("--logit-bias"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn stop_strings_cut_the_text_and_report_stop() {
     let dir = tempfile::tempdir().unwrap();
     let s = server(dir.path(), 1, 8, &[]);

@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// Frequency penalty of the throughput sweep's requests (0 = off).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     frequency_penalty: f32,
+    /// Logit biases of the throughput sweep's requests, `ID=BIAS` (as `ocr --logit-bias`).
+    #[arg(long, value_name = "ID=BIAS", value_delimiter = ',', allow_hyphen_values = true,
+          value_parser = crate::cli::common::parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Top log-probabilities each token of the sweep reports (0 = none; any number asks
     /// for the chosen token's log-probability too). Up to 64 come from the device's
     /// candidates; more take every step's full logits to the host (the path all
@@ -160,6 +164,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         repetition_penalty: a.repetition_penalty,
         presence_penalty: a.presence_penalty,
         frequency_penalty: a.frequency_penalty,
+        logit_bias: ocrctl::generation::sampling::logit_bias(a.logit_bias.iter().copied()),
         seed: Some(0),
         ..SamplingParams::greedy()
     };
@@ -320,6 +325,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "repetition_penalty": a.repetition_penalty,
         "presence_penalty": a.presence_penalty,
         "frequency_penalty": a.frequency_penalty,
+        "logit_bias": params.logit_bias,
         "top_logprobs": a.top_logprobs,
         "threads": opts.threads,
         "load_s": load_s,
@@ -401,12 +407,13 @@ fn print_table(out: &serde_json::Value) {
         out["presence_penalty"].as_f64().unwrap_or(0.0),
         out["frequency_penalty"].as_f64().unwrap_or(0.0),
     );
-    let penalised = penalty != 1.0 || pres != 0.0 || freq != 0.0;
+    let biases = out["logit_bias"].as_array().map_or(0, Vec::len);
+    let penalised = penalty != 1.0 || pres != 0.0 || freq != 0.0 || biases > 0;
     if out["temperature"].as_f64().unwrap_or(0.0) > 0.0 || penalised || top_logprobs > 0 {
         println!(
             "sweep at temperature {} top-p {} top-k {} penalties repetition {penalty} presence \
-             {pres} frequency {freq}, top log-probabilities {top_logprobs}: {} rows needed \
-             full logits after the device's candidates",
+             {pres} frequency {freq}, {biases} logit biases, top log-probabilities \
+             {top_logprobs}: {} rows needed full logits after the device's candidates",
             out["temperature"], out["top_p"], out["top_k"], kv["step_logits_fallbacks"]
         );
     }

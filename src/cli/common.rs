@@ -117,6 +117,23 @@ fn profile_precision(p: &Profile, model: &Path) -> Precision {
     chosen
 }
 
+/// One `--logit-bias` entry: `ID=BIAS` (a token id and the bias added to its logit, -100
+/// to 100; the range is checked with the other sampling parameters).
+pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not ID=BIAS (e.g. 151645=-100)"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{id}` in `{s}` is not a token id"))?;
+    let bias = bias
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{bias}` in `{s}` is not a number"))?;
+    Ok((id, bias))
+}
+
 fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
     DecoderVariant::parse(s).map_err(|e| e.to_string())
 }

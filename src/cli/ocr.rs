@@ -65,6 +65,11 @@ pub struct OcrArgs {
     /// (OpenAI's frequency penalty, -2 to 2; default 0 = off).
     #[arg(long, allow_negative_numbers = true)]
     frequency_penalty: Option<f32>,
+    /// Add BIAS (-100 to 100) to token ID's logit before the penalties, e.g. `151645=-100`
+    /// to ban an id (OpenAI's logit_bias); repeat or separate with commas.
+    #[arg(long, value_name = "ID=BIAS", value_delimiter = ',', allow_hyphen_values = true,
+          value_parser = crate::cli::common::parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Random seed for sampling (default: a fresh one per image).
     #[arg(long)]
     seed: Option<u64>,
@@ -223,6 +228,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         repetition_penalty: a.repetition_penalty.unwrap_or(base.repetition_penalty),
         presence_penalty: a.presence_penalty.unwrap_or(base.presence_penalty),
         frequency_penalty: a.frequency_penalty.unwrap_or(base.frequency_penalty),
+        logit_bias: ocrctl::generation::sampling::logit_bias(a.logit_bias.iter().copied()),
         seed: a.seed,
         loop_guard: a.loop_guard.then(LoopGuard::default),
     };
@@ -235,6 +241,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     }
     params
         .validate()
+        .and_then(|()| params.check_vocab(manifest.model.text.vocab_size))
         .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
     let batch_size = a
         .batch_size

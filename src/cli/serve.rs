@@ -235,6 +235,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             request_timeout: Duration::from_secs(a.request_timeout),
             defaults,
             stop_ids,
+            vocab_size: cfg.text.vocab_size,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

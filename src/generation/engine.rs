@@ -718,6 +718,64 @@ mod tests {
     }
 
     #[test]
+    fn logit_biases_from_candidates_equal_the_full_path() {
+        // Every even id banned (-100), small raises and lowerings, +100 on one id, each with
+        // and without penalties, greedy and sampled, through a backend that answers with 8
+        // candidates: the same tokens and (raw) log-probabilities as from full logits.
+        let biases: [Vec<(u32, f32)>; 4] = [
+            (0..97).step_by(2).map(|j| (j, -100.0)).collect(),
+            vec![(3, 2.5), (40, -1.0), (41, 0.7)],
+            vec![(11, 100.0)],
+            vec![(5, -0.5), (6, 0.25)],
+        ];
+        let reqs: Vec<GenRequest> = (0..8)
+            .map(|i| {
+                let mut r = req(vec![1, 99, 2 + i], 12, 5 + i as usize);
+                r.logprobs = i % 3 == 0;
+                r.params = SamplingParams {
+                    temperature: if i < 4 { 0.0 } else { 0.7 },
+                    top_p: 0.9,
+                    repetition_penalty: [1.0, 1.0, 1.0, 1.2, 0.9, 1.0, 1.0, 1.0][i as usize],
+                    presence_penalty: [0.0, 0.5, 0.0, 0.0, 0.0, -0.5, 0.0, 0.0][i as usize],
+                    logit_bias: crate::generation::sampling::logit_bias(
+                        biases[i as usize % 4].iter().copied(),
+                    ),
+                    seed: Some(i as u64),
+                    ..SamplingParams::greedy()
+                };
+                r
+            })
+            .collect();
+        let run = |b: FakeBackend| {
+            let mut e = Engine::new(b, 4, 99);
+            let r = e.run(reqs.clone(), &mut |_| {});
+            let out: Vec<(Vec<u32>, Vec<f32>)> = r
+                .into_iter()
+                .map(|g| g.unwrap())
+                .map(|g| (g.token_ids, g.logprobs))
+                .collect();
+            (out, e.backend.candidate_rows, e.backend.step_logits_fetches)
+        };
+        for peak in [10.0, 0.05] {
+            let (full, _, _) = run(FakeBackend::sum(97).peak(peak));
+            let (cands, rows, fetches) = run(FakeBackend::sum(97).peak(peak).candidates(8));
+            assert_eq!(full, cands, "peak {peak}");
+            assert_eq!(rows, 8 * 11, "peak {peak}: every step after the first");
+            // Decided from the candidates at least sometimes, not always (the +100 id lies
+            // outside them).
+            assert!(
+                fetches > 0 && fetches < rows,
+                "peak {peak}: {fetches} of {rows}"
+            );
+            // The bans hold, and +100 wins every greedy step without penalties (row 2).
+            for i in [0, 4] {
+                assert!(full[i].0.iter().all(|t| t % 2 == 1), "{i}: {:?}", full[i].0);
+            }
+            assert!(full[2].0.iter().all(|&t| t == 11), "{:?}", full[2].0);
+        }
+    }
+
+    #[test]
     fn invalid_sampling_fails_only_that_request() {
         let mut bad = req(vec![1, 99, 2], 3, 5);
         bad.params.top_p = 2.0;

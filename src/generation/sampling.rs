@@ -1,8 +1,11 @@
-//! Per-request token selection: greedy, temperature, top-k, top-p (nucleus), repetition
-//! penalty, a seeded random generator and a guard against runaway repetition loops.
+//! Per-request token selection: greedy, temperature, top-k, top-p (nucleus), logit bias,
+//! penalties, a seeded random generator and a guard against runaway repetition loops.
 //!
 //! The semantics follow what users know from transformers and vLLM:
 //!
+//! 0. **Logit bias** (OpenAI's `logit_bias`): each listed id's bias, in `[-100, 100]`, is
+//!    added to its raw logit, before the penalties as vLLM does; -100 bans an id in practice,
+//!    +100 all but forces it.
 //! 1. **Repetition penalty** (transformers' `RepetitionPenaltyLogitsProcessor`, the CTRL
 //!    paper's rule): for every *distinct* token id of `history`, a positive logit is divided
 //!    by the penalty and a negative one multiplied by it. `1.0` is off. It applies in greedy
@@ -53,9 +56,9 @@ mod loop_guard;
 mod params;
 mod penalties;
 pub use loop_guard::{detect_loop, find_loop, LoopGuard, LoopMatch};
-pub use params::{SamplingError, SamplingParams};
-pub use penalties::apply_penalties;
-use penalties::penalised_all;
+pub use params::{logit_bias, SamplingError, SamplingParams};
+pub use penalties::{apply_logit_bias, apply_penalties};
+use penalties::{biased, penalised_all};
 
 /// Temperatures in `(0, MIN_TEMPERATURE)` sample as if they were `MIN_TEMPERATURE` (vLLM's
 /// floor, its `_MAX_TEMP`): the distribution is already greedy in practice, and smaller
@@ -236,6 +239,7 @@ impl Sampler {
     fn choose(&mut self, logits: &mut [f32], history: &[u32]) -> (u32, Option<f64>) {
         assert!(!logits.is_empty(), "Sampler::next: empty logits");
         sanitize(logits);
+        apply_logit_bias(logits, &self.params.logit_bias);
         apply_penalties(logits, history, &self.params);
         if self.params.is_greedy() {
             return (argmax(logits) as u32, None);
@@ -589,6 +593,55 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_is_added_before_the_penalties_and_checked() {
+        let with = |bias: &[(u32, f32)], r: f32| SamplingParams {
+            repetition_penalty: r,
+            logit_bias: logit_bias(bias.iter().copied()),
+            ..SamplingParams::greedy()
+        };
+        // Sorted by id, the last bias given for an id wins.
+        assert_eq!(
+            logit_bias([(7, 1.0), (2, -3.0), (7, 4.0)]),
+            vec![(2, -3.0), (7, 4.0)]
+        );
+        // Bias first, then the repetition penalty: (2 + 2) / 2 = 2, not 2 / 2 + 2 = 3.
+        let mut x = vec![2.0f32, 0.0, f32::NEG_INFINITY];
+        let p = with(&[(0, 2.0), (2, 50.0), (9, 1.0)], 2.0);
+        apply_logit_bias(&mut x, &p.logit_bias);
+        apply_penalties(&mut x, &[0], &p);
+        assert_eq!(x, vec![2.0, 0.0, f32::NEG_INFINITY]);
+        // Greedy: -100 bans the best id, +100 makes a poor one win; an impossible id stays so.
+        let mut s = Sampler::new(with(&[(0, -100.0)], 1.0)).unwrap();
+        assert_eq!(s.next(&mut [9.0, 2.0, 3.0], &[]), 2);
+        let mut s = Sampler::new(with(&[(1, 100.0), (2, 100.0)], 1.0)).unwrap();
+        assert_eq!(s.next(&mut [9.0, 2.0, f32::NEG_INFINITY], &[]), 1);
+        // Sampling at temperature 1: a banned id is never drawn.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            seed: Some(3),
+            ..with(&[(0, -100.0)], 1.0)
+        })
+        .unwrap();
+        assert!((0..200).all(|_| s.next(&mut [1.0, 1.0, 1.0], &[]) != 0));
+        // Ranges: [-100, 100], NaN refused; ids must be inside the vocabulary. The errors
+        // name logit_bias and the id.
+        for b in [100.5, -101.0, f32::NAN] {
+            let e = with(&[(4, b)], 1.0).validate().unwrap_err();
+            assert_eq!(e.param(), "logit_bias");
+            assert!(e.to_string().contains("token 4"), "{e}");
+        }
+        let p = with(&[(3, 1.0), (10, 1.0)], 1.0);
+        assert!(p.validate().is_ok() && p.check_vocab(11).is_ok());
+        let e = p.check_vocab(10).unwrap_err();
+        assert_eq!(e.param(), "logit_bias");
+        assert!(
+            e.to_string().contains("token 10") && e.to_string().contains("10 ids"),
+            "{e}"
+        );
+        assert!(p.modifies_logits() && !p.penalises());
+    }
+
+    #[test]
     fn frequency_and_presence_penalties_count_occurrences_after_the_repetition_penalty() {
         let params = |r, p, f| SamplingParams {
             repetition_penalty: r,
@@ -740,7 +793,14 @@ mod tests {
             );
             let presence_penalty = pick(&mut r, &[-2.0, -0.5, 0.0, 1.0, 2.0]);
             let frequency_penalty = pick(&mut r, &[-2.0, -1e-6, 0.0, 0.7, 2.0]);
+            let biases: Vec<(u32, f32)> = (0..(r.next_u64() % 4))
+                .map(|_| {
+                    let id = (r.next_u64() % (n as u64 + 2)) as u32;
+                    (id, pick(&mut r, &[-100.0, -1.0, 0.0, 0.5, 100.0]))
+                })
+                .collect();
             let params = SamplingParams {
+                logit_bias: logit_bias(biases),
                 temperature,
                 top_p,
                 top_k,

@@ -57,6 +57,8 @@ pub struct ServerConfig {
     /// Sampling defaults (from `generation_config.json`); requests override them.
     pub defaults: SamplingParams,
     pub stop_ids: Vec<u32>,
+    /// The model's vocabulary size (`logit_bias` ids must be below it).
+    pub vocab_size: usize,
     /// Unix time the server started (OpenAI's `created` of the model).
     pub created: u64,
     /// Connection limits, timeouts and the hosts a key-less server answers to.

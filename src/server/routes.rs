@@ -193,6 +193,7 @@ pub(crate) struct Overrides {
     repetition_penalty: Option<f32>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
+    logit_bias: Option<Vec<(u32, f32)>>,
     seed: Option<u64>,
 }
 
@@ -206,11 +207,18 @@ impl Overrides {
             repetition_penalty: p.repetition_penalty,
             presence_penalty: p.presence_penalty,
             frequency_penalty: p.frequency_penalty,
+            logit_bias: p.logit_bias.clone(),
             seed: p.seed,
         }
     }
 
-    fn sampling(&self, defaults: &SamplingParams) -> Result<SamplingParams, ApiError> {
+    /// The request's sampling parameters, checked (ranges, and `logit_bias`'s ids against
+    /// the model's vocabulary of `vocab` ids).
+    fn sampling(
+        &self,
+        defaults: &SamplingParams,
+        vocab: usize,
+    ) -> Result<SamplingParams, ApiError> {
         let mut s = defaults.clone();
         if let Some(t) = self.temperature {
             s.temperature = t;
@@ -230,10 +238,14 @@ impl Overrides {
         if let Some(x) = self.frequency_penalty {
             s.frequency_penalty = x;
         }
+        if let Some(b) = &self.logit_bias {
+            s.logit_bias = b.clone();
+        }
         if self.seed.is_some() {
             s.seed = self.seed;
         }
         s.validate()
+            .and_then(|()| s.check_vocab(vocab))
             .map_err(|e| ApiError::bad(e.param(), e.to_string()))?;
         Ok(s)
     }
@@ -359,7 +371,7 @@ pub async fn chat(
     }
     let o = Overrides::of(&p);
     let max_tokens = o.max_tokens(&st)?;
-    let params = o.sampling(&st.cfg.defaults)?;
+    let params = o.sampling(&st.cfg.defaults, st.cfg.vocab_size)?;
     let raw = images::resolve(
         std::mem::take(&mut p.images),
         st.cfg.allow_remote_images,

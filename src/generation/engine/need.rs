@@ -9,9 +9,12 @@ use ocrctl_exporters::contract::tensor::SAMPLING_CANDIDATES;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Whether the argmax of a request's logits is all its next token needs: greedy, no
-/// penalty, no log-probabilities.
+/// penalty or logit bias, no log-probabilities.
 pub(super) fn argmax_is_enough(req: &GenRequest) -> bool {
-    req.params.is_greedy() && !req.params.penalises() && !req.logprobs && req.top_logprobs == 0
+    req.params.is_greedy()
+        && !req.params.modifies_logits()
+        && !req.logprobs
+        && req.top_logprobs == 0
 }
 
 /// What a request needs of its next decoder step: the greedy choice when that is all it

@@ -7,7 +7,7 @@
 //! computes a few hundred. Exactness is a property test below: the same id as the full path
 //! for the same generator state, or `None` and nothing drawn.
 
-use super::{draw, penalised_all, Sampler, SamplingParams, MIN_TEMPERATURE};
+use super::{biased, draw, penalised_all, Sampler, SamplingParams, MIN_TEMPERATURE};
 use std::collections::HashMap;
 
 /// How often each id of a growing history occurs, extended step by step: a penalised step
@@ -47,11 +47,12 @@ impl Sampler {
     /// the full logits).
     ///
     /// Exact means the same id as [`Sampler::next`] on the full logits with the same
-    /// generator state. The penalties are applied to the candidates in `history` as the full
-    /// path applies them; every other token's processed logit is at most the *tail bound*:
-    /// the K-th raw logit, or, when a penalty can raise logits (repetition below 1, negative
-    /// presence or frequency), the largest penalised value of it over the history's counts
-    /// (the penalties are non-decreasing in the logit). Greedy: decided when the
+    /// generator state. The logit bias and the penalties are applied to the candidates as the
+    /// full path applies them; every other token's processed logit is at most the *tail
+    /// bound*: the K-th raw logit plus the largest positive bias of an id outside the
+    /// candidates, or, when a penalty can raise logits (repetition below 1, negative
+    /// presence or frequency), the largest penalised value of that over the history's counts
+    /// (bias and penalties are non-decreasing in the logit). Greedy: decided when the
     /// best processed candidate is above the bound. Sampling: decided when the kept tokens
     /// are decided by the candidates alone: top-k keeps only candidates (its threshold above
     /// the bound), or top-p's nucleus ends at a candidate above the bound whatever the other
@@ -72,24 +73,39 @@ impl Sampler {
         }
         let raw_floor = cands[k - 1].0;
         let penalise = self.params.penalises() && !history.is_empty();
-        // The candidates as the full path sees them after the penalties (re-sorted), and the
-        // bound on every other token's processed logit.
-        let (cands, floor) = if penalise {
-            let seen = self.seen.of(history);
+        let bias = &self.params.logit_bias;
+        // The candidates as the full path sees them after the bias and the penalties
+        // (re-sorted), and the bound on every other token's processed logit.
+        let (cands, floor) = if penalise || !bias.is_empty() {
+            let seen = penalise.then(|| self.seen.of(history));
             let p = &self.params;
+            let bias_of = |id: u32| {
+                bias.binary_search_by_key(&id, |b| b.0)
+                    .map_or(0.0, |i| bias[i].1)
+            };
             let mut pc: Vec<(f32, u32)> = cands
                 .iter()
-                .map(|&(v, id)| match seen.get(&id) {
-                    Some(&c) => (penalised_all(v, c as usize, p), id),
-                    None => (v, id),
+                .map(|&(v, id)| {
+                    let v = biased(v, bias_of(id));
+                    match seen.as_ref().and_then(|s| s.get(&id)) {
+                        Some(&c) => (penalised_all(v, c as usize, p), id),
+                        None => (v, id),
+                    }
                 })
                 .collect();
             pc.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let floor = match raises(p) {
-                true => seen.values().fold(raw_floor, |m, &c| {
-                    m.max(penalised_all(raw_floor, c as usize, p))
-                }),
-                false => raw_floor,
+            // Before the penalties, a token outside has at most the K-th raw logit plus the
+            // largest positive bias of an id that is not a candidate.
+            let lift = bias
+                .iter()
+                .filter(|(id, b)| *b > 0.0 && !cands.iter().any(|c| c.1 == *id))
+                .fold(0.0f32, |m, b| m.max(b.1));
+            let floor = biased(raw_floor, lift);
+            let floor = match seen {
+                Some(seen) if raises(p) => seen
+                    .values()
+                    .fold(floor, |m, &c| m.max(penalised_all(floor, c as usize, p))),
+                _ => floor,
             };
             (std::borrow::Cow::Owned(pc), floor)
         } else {
@@ -399,6 +415,79 @@ mod tests {
         assert!(
             greedy * 3 >= cases && lowering > 0 && raising > 0 && counted > cases / 10,
             "{greedy} {lowering} {raising} {counted} of {cases}"
+        );
+    }
+
+    #[test]
+    fn biased_steps_choose_what_the_full_logits_choose() {
+        let (n, k) = (500, 16);
+        let (mut decided, mut undecided, mut cases) = (0, 0, 0);
+        for kind in 0..3u64 {
+            for seed in 0..20u64 {
+                let l = logits(kind, n, 9000 + 1000 * kind + seed);
+                let order = top(&l, n);
+                let cands = &order[..k];
+                let id = |i: usize| order[i].1;
+                let history = [id(1), id(k / 2), id(k), id(k / 2)];
+                // Bans of the best candidates, a raise inside, raises of ids just outside
+                // and far outside (+100), lowerings, every candidate banned, and a third
+                // of the vocabulary lowered.
+                let sets: Vec<Vec<(u32, f32)>> = vec![
+                    vec![(id(0), -100.0)],
+                    vec![(id(0), -100.0), (id(1), -100.0), (id(k / 2), 0.5)],
+                    vec![(id(k), 0.3)],
+                    vec![(id(n - 1), 100.0)],
+                    vec![(id(k - 1), 3.0), (id(k + 1), -2.0)],
+                    (0..k).map(|i| (id(i), -100.0)).collect(),
+                    (0..n as u32).step_by(3).map(|j| (j, -5.0)).collect(),
+                ];
+                for bias in &sets {
+                    for (pen, pres, freq) in
+                        [(1.0f32, 0.0f32, 0.0f32), (1.3, 0.5, 0.0), (0.8, -0.5, 0.2)]
+                    {
+                        for t in [0.0f32, 0.2, 1.0] {
+                            for (p, tk) in [(0.9f32, 0usize), (1.0, 0), (1.0, 5)] {
+                                let params = SamplingParams {
+                                    temperature: t,
+                                    top_p: p,
+                                    top_k: tk,
+                                    repetition_penalty: pen,
+                                    presence_penalty: pres,
+                                    frequency_penalty: freq,
+                                    logit_bias: super::super::logit_bias(bias.iter().copied()),
+                                    seed: Some(seed),
+                                    ..SamplingParams::greedy()
+                                };
+                                let mut a = Sampler::new(params.clone()).unwrap();
+                                let mut b = Sampler::new(params).unwrap();
+                                let ctx = format!(
+                                    "kind {kind} seed {seed} bias {bias:?} penalties \
+                                     {pen}/{pres}/{freq} T {t} top_p {p} top_k {tk}"
+                                );
+                                cases += 1;
+                                for h in [&[][..], &history[..]] {
+                                    let full = b.next(&mut l.clone(), h);
+                                    match a.next_from_candidates(cands, n, h) {
+                                        Some(x) => {
+                                            assert_eq!(x, full, "{ctx} history {h:?}");
+                                            decided += 1;
+                                        }
+                                        None => {
+                                            let x = a.next(&mut l.clone(), h);
+                                            assert_eq!(x, full, "{ctx} history {h:?}");
+                                            undecided += 1;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            decided > cases / 2 && undecided > cases / 10,
+            "{decided} decided, {undecided} not, of {cases} cases"
         );
     }
 

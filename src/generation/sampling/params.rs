@@ -22,6 +22,10 @@ pub enum SamplingError {
     PresencePenalty { got: String },
     #[error("frequency_penalty must be a number in [-2, 2] (0 = off), got {got}")]
     FrequencyPenalty { got: String },
+    #[error("logit_bias values must be numbers in [-100, 100], got {got} for token {id}")]
+    LogitBias { id: u32, got: String },
+    #[error("logit_bias names token {id}, outside the vocabulary of {vocab} ids")]
+    LogitBiasToken { id: u32, vocab: usize },
     #[error("do_sample must be true or false, got {got}")]
     DoSample { got: String },
     #[error("loop_guard.{field} must be {expected}, got {got}")]
@@ -42,6 +46,7 @@ impl SamplingError {
             SamplingError::RepetitionPenalty { .. } => "repetition_penalty",
             SamplingError::PresencePenalty { .. } => "presence_penalty",
             SamplingError::FrequencyPenalty { .. } => "frequency_penalty",
+            SamplingError::LogitBias { .. } | SamplingError::LogitBiasToken { .. } => "logit_bias",
             SamplingError::DoSample { .. } => "do_sample",
             SamplingError::LoopGuard { field, .. } => match *field {
                 "window" => "loop_guard.window",
@@ -70,6 +75,11 @@ pub struct SamplingParams {
     /// OpenAI's frequency penalty in `[-2, 2]`: subtracted from an id's logit once per
     /// occurrence in the history; `0` = off. Applied in greedy mode too.
     pub frequency_penalty: f32,
+    /// OpenAI's `logit_bias`: `(id, bias)` pairs, sorted by id, one per id, each bias in
+    /// `[-100, 100]`, added to the id's raw logit before the penalties (vLLM's order);
+    /// empty = off. Applied in greedy mode too. Build it with [`logit_bias`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the request's generator; `None` picks a fresh one (see [`Sampler::seed`](super::Sampler::seed)).
     pub seed: Option<u64>,
     /// Stop runaway repetition (see [`LoopGuard`]); `None` = off.
@@ -94,6 +104,7 @@ impl SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
             loop_guard: None,
         }
@@ -110,6 +121,21 @@ impl SamplingParams {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
+    }
+
+    /// Whether anything changes the raw logits before temperature, top-k and top-p: a
+    /// penalty or a logit bias (the device's argmax alone cannot choose then).
+    pub fn modifies_logits(&self) -> bool {
+        self.penalises() || !self.logit_bias.is_empty()
+    }
+
+    /// Checks that every id of `logit_bias` is below `vocab` (the model's vocabulary
+    /// size, which [`SamplingParams::validate`] does not know).
+    pub fn check_vocab(&self, vocab: usize) -> Result<(), SamplingError> {
+        match self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            Some(&(id, _)) => Err(SamplingError::LogitBiasToken { id, vocab }),
+            None => Ok(()),
+        }
     }
 
     /// Checks every parameter; the error names the first one out of range.
@@ -133,6 +159,16 @@ impl SamplingParams {
         let x = self.frequency_penalty;
         if !(-2.0..=2.0).contains(&x) {
             return Err(SamplingError::FrequencyPenalty { got: x.to_string() });
+        }
+        if let Some(&(id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(SamplingError::LogitBias {
+                id,
+                got: b.to_string(),
+            });
         }
         if let Some(g) = &self.loop_guard {
             g.validate()?;
@@ -192,6 +228,22 @@ impl SamplingParams {
         params.validate()?;
         Ok(params)
     }
+}
+
+/// A `logit_bias` as [`SamplingParams::logit_bias`] holds it: sorted by id, the last bias
+/// given for an id winning (as a JSON object's last duplicate key does).
+pub fn logit_bias(pairs: impl IntoIterator<Item = (u32, f32)>) -> Vec<(u32, f32)> {
+    let mut v: Vec<(u32, f32)> = pairs.into_iter().collect();
+    // Stable: equal ids keep their order, so the last one given is the last of its run.
+    v.sort_by_key(|p| p.0);
+    let mut out: Vec<(u32, f32)> = Vec::with_capacity(v.len());
+    for p in v {
+        match out.last_mut() {
+            Some(last) if last.0 == p.0 => *last = p,
+            _ => out.push(p),
+        }
+    }
+    out
 }
 
 /// A JSON number field as `f32`: `default` when absent or null, the error otherwise.

@@ -1,7 +1,28 @@
-//! The penalties on the ids a request has already generated: the repetition penalty, then
-//! OpenAI's frequency and presence penalties (see the parent module's docs for the rules).
+//! What changes a request's raw logits before temperature, top-k and top-p: OpenAI's logit
+//! bias, then the penalties on the ids a request has already generated (the repetition
+//! penalty, then OpenAI's frequency and presence penalties; see the parent module's docs for
+//! the rules).
 
 use super::{clamp_finite, SamplingParams};
+
+/// Adds each `(id, bias)` of `bias` to that id's logit in place (ids outside `logits` are
+/// ignored; [`SamplingParams::check_vocab`] refuses them earlier).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(v) = logits.get_mut(id as usize) {
+            *v = biased(*v, b);
+        }
+    }
+}
+
+/// One logit plus its bias, as both the full path and the candidates compute it: in f64,
+/// clamped into f32's finite range; `-inf` stays `-inf`. Non-decreasing in `v`.
+pub(super) fn biased(v: f32, bias: f32) -> f32 {
+    if v == f32::NEG_INFINITY || bias == 0.0 {
+        return v;
+    }
+    clamp_finite(v as f64 + bias as f64)
+}
 
 /// Applies every penalty of `params` in place to the ids of `history` (the module docs give
 /// the order): the repetition penalty to each distinct id, then `count × frequency_penalty +

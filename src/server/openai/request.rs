@@ -29,6 +29,9 @@ pub const MAX_STOP_BYTES: usize = 1024;
 pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Most messages in one request.
 pub const MAX_MESSAGES: usize = 256;
+/// Most ids one request's `logit_bias` may list (this server's bound on a request's
+/// per-step sampling work; OpenAI does not publish one).
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// The body of `POST /v1/chat/completions` as sent. Fields not listed here (`user`,
 /// `stream_options`, `metadata`, …) are accepted and ignored; `null` is the same as absent.
@@ -70,8 +73,9 @@ pub struct ChatCompletionRequest {
     pub response_format: Option<IgnoredAny>,
     /// Refused when given (audio output is not implemented).
     pub audio: Option<IgnoredAny>,
-    /// Refused when given (logit biases are not implemented).
-    pub logit_bias: Option<IgnoredAny>,
+    /// OpenAI's `logit_bias`: token ids (as strings) to a bias in [-100, 100], added to the
+    /// id's logit before the penalties, as vLLM does.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
 }
 
 /// One message of `messages`.
@@ -246,6 +250,9 @@ pub struct ChatParams {
     pub repetition_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// `logit_bias` as [`SamplingParams::logit_bias`] holds it (ids parsed, sorted); the
+    /// bias range and the ids' vocabulary are checked once merged with the defaults.
+    pub logit_bias: Option<Vec<(u32, f32)>>,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -405,7 +412,6 @@ impl ChatCompletionRequest {
                 "structured output",
             ),
             ("audio", &self.audio, "audio output"),
-            ("logit_bias", &self.logit_bias, "logit_bias"),
         ];
         if let Some((key, _, what)) = unsupported.iter().find(|(_, v, _)| v.is_some()) {
             return Err(ApiError::bad(
@@ -479,6 +485,7 @@ impl ChatCompletionRequest {
                 ))
             }
         };
+        let logit_bias = self.logit_bias.map(parse_logit_bias).transpose()?;
         Ok(ChatParams {
             model: self.model,
             messages: Value::Array(messages),
@@ -493,6 +500,7 @@ impl ChatCompletionRequest {
             repetition_penalty: self.repetition_penalty,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            logit_bias,
             seed: self.seed.map(|s| s.0),
             stop,
             stream: self.stream.unwrap_or(false),
@@ -501,6 +509,32 @@ impl ChatCompletionRequest {
             ignore_eos: self.ignore_eos.unwrap_or(false),
         })
     }
+}
+
+/// `logit_bias`'s keys as token ids, at most [`MAX_LOGIT_BIAS`] of them.
+pub fn parse_logit_bias(
+    map: std::collections::BTreeMap<String, f32>,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::bad(
+            "logit_bias",
+            format!(
+                "logit_bias lists {} ids; at most {MAX_LOGIT_BIAS} are allowed",
+                map.len()
+            ),
+        ));
+    }
+    let pairs = map
+        .into_iter()
+        .map(|(k, b)| match k.trim().parse::<u32>() {
+            Ok(id) => Ok((id, b)),
+            Err(_) => Err(ApiError::bad(
+                format!("logit_bias.{k}"),
+                format!("logit_bias keys must be token ids (non-negative integers), got {k:?}"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(crate::generation::sampling::logit_bias(pairs))
 }
 
 impl Message {

@@ -19,9 +19,21 @@ pub(crate) fn field_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, 
         .map_err(|_| ApiError::bad(name, format!("{name} must be a number, got {v:?}")))
 }
 
+/// The form's `logit_bias` field: the same JSON object as a chat request's.
+fn form_logit_bias(text: &str) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = serde_json::from_str(text).map_err(|e| {
+        ApiError::bad(
+            "logit_bias",
+            format!("logit_bias must be a JSON object of token ids to numbers: {e}"),
+        )
+    })?;
+    crate::server::openai::request::parse_logit_bias(map)
+}
+
 /// `POST /v1/ocr`: multipart with a `file` (image or PDF) and optional `max_tokens`,
 /// `temperature`, `top_p`, `top_k`, `repetition_penalty`, `presence_penalty`,
-/// `frequency_penalty`, `seed`, `prompt` fields.
+/// `frequency_penalty`, `logit_bias` (a JSON object, as in a chat request), `seed`, `prompt`
+/// fields.
 pub async fn ocr(
     State(st): St,
     Query(q): Query<OcrQuery>,
@@ -53,6 +65,7 @@ pub async fn ocr(
         repetition_penalty: None,
         presence_penalty: None,
         frequency_penalty: None,
+        logit_bias: None,
         seed: None,
     };
     let mut prompt: Option<String> = None;
@@ -84,6 +97,7 @@ pub async fn ocr(
             "repetition_penalty" => o.repetition_penalty = Some(field_num(&name, &text())?),
             "presence_penalty" => o.presence_penalty = Some(field_num(&name, &text())?),
             "frequency_penalty" => o.frequency_penalty = Some(field_num(&name, &text())?),
+            "logit_bias" => o.logit_bias = Some(form_logit_bias(&text())?),
             "seed" => o.seed = Some(field_num(&name, &text())?),
             "prompt" => prompt = Some(text()).filter(|t| !t.trim().is_empty()),
             other => {
@@ -105,7 +119,7 @@ pub async fn ocr(
     check_text_bytes(&st, prompt.as_ref().map_or(0, String::len), "prompt")?;
     st.ready()?;
     let max_tokens = o.max_tokens(&st)?;
-    let params = o.sampling(&st.cfg.defaults)?;
+    let params = o.sampling(&st.cfg.defaults, st.cfg.vocab_size)?;
     let st2 = st.clone();
     let client = ClientAlive::new();
     let alive = client.flag();
