@@ -4,7 +4,7 @@
 # `ocrctl_bin ZST NAME` unpacks a carried ocrctl build `.ortgpu/ZST` to /opt/ortparts/NAME (once)
 # and prints that path; BIN is the build under test (.ortgpu/ocrctl.zst) unless already set;
 # `export_with NAME BIN` exports the dummy full-size model with a build, `results_dir` and
-# `pack_results` collect a script's files (below).
+# `pack_results` collect a script's files, `sweep` runs bench's batch sweep (below).
 mkdir -p /opt/ortgpu "${OUT:-/tmp/out}"
 export OCRCTL_ORT_LIB=/opt/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
 [ -f "$OCRCTL_ORT_LIB" ] || cat /opt/ortparts/part-0* | /opt/ortparts/zstd -dc | tar xf - -C /opt/ortgpu
@@ -26,4 +26,15 @@ export_with() {
 results_dir() { R=/tmp/gpu-res; mkdir -p "$R"; }
 pack_results() {
   tar czf "$OUT/results.tgz.part" -C "$R" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
+}
+# sweep NAME BIN MODEL [ARGS]: bench's batch sweep of MODEL (precision P, GQA, CUDA graphs
+# on, A4 pages, NEW_TOKENS (1024) new tokens, BATCHES (32,128)) into $R/sweep-NAME.{txt,json};
+# prints the sweep's rows and how many rows needed full logits.
+sweep() {
+  local name=$1 bin=$2 model=$3; shift 3
+  $bin bench --model "$model" --precision "${P:-fp16}" --decoder gqa --providers cuda \
+    --strict-providers --cuda-graphs on --sizes 1092x1540 --new-tokens "${NEW_TOKENS:-1024}" \
+    --runs 1 --batch-sizes "${BATCHES:-32,128}" "$@" --json-out "$R/sweep-$name.json" \
+    > "$R/sweep-$name.txt" 2>&1
+  grep -E "^ +(batch|[0-9]+ +[0-9]+ )|needed full|GPU memory" "$R/sweep-$name.txt"
 }

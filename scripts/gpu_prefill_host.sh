@@ -29,15 +29,6 @@ phase() {
     --batch-sizes 1 --json-out "$R/phase-$1.json" > "$R/phase-$1.txt" 2>&1
   grep -E "^ +(size|[0-9]+x[0-9]+ )" "$R/phase-$1.txt"
 }
-# sweep NAME BIN MODEL [ARGS]: the batch sweep, CUDA graphs on.
-sweep() {
-  local name=$1 bin=$2 model=$3; shift 3
-  $bin bench --model "$model" --precision "$P" --decoder gqa --providers cuda --strict-providers \
-    --cuda-graphs on --sizes 1092x1540 --new-tokens "${NEW_TOKENS:-1024}" --runs 1 \
-    --batch-sizes "${BATCHES:-32,128}" "$@" --json-out "$R/sweep-$name.json" \
-    > "$R/sweep-$name.txt" 2>&1
-  grep -E "^ +(batch|[0-9]+ +[0-9]+ )|needed full" "$R/sweep-$name.txt"
-}
 for step in ${STEP:-parity ab}; do
   echo "=== $step"
   case $step in
