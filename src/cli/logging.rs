@@ -25,8 +25,10 @@ pub enum LogFormat {
 
 /// Installs the subscriber for the whole process (once, at start).
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("warn,ocrctl=info,ocrctl_exporters=info"));
+    // ONNX Runtime's lines below warnings reach tracing only when OCRCTL_ORT_LOG asks.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("warn,ocrctl=info,ocrctl_exporters=info,onnxruntime=info")
+    });
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

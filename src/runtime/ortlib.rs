@@ -147,16 +147,42 @@ pub fn environment(
             path: path.clone(),
             message: e.to_string(),
         })?;
+    if let Some(level) = log_level() {
+        env.set_log_level(level);
+    }
     let (p, env) = ENV.get_or_init(|| (path, env));
     Ok((p.as_path(), env.clone()))
 }
 
+/// The level `OCRCTL_ORT_LOG` asks ONNX Runtime to log at (`verbose`, `info`, `warning`,
+/// `error`), for diagnosing a provider (e.g. `info` shows the CUDA provider's graph captures);
+/// `None` when unset or not one of those.
+pub fn log_level() -> Option<ort::logging::LogLevel> {
+    use ort::logging::LogLevel;
+    static LEVEL: OnceLock<Option<LogLevel>> = OnceLock::new();
+    *LEVEL.get_or_init(|| match std::env::var("OCRCTL_ORT_LOG").ok()?.as_str() {
+        "verbose" => Some(LogLevel::Verbose),
+        "info" => Some(LogLevel::Info),
+        "warning" => Some(LogLevel::Warning),
+        "error" => Some(LogLevel::Error),
+        _ => None,
+    })
+}
+
 /// ONNX Runtime's log messages, one plain line each (its own logger colours them even when
 /// stderr is not a terminal). Errors are not printed here: they come back as the failing
-/// call's error, which ocrctl reports once; below warnings nothing is printed.
+/// call's error, which ocrctl reports once; below warnings nothing is printed unless
+/// `OCRCTL_ORT_LOG` asks for it ([`log_level`]).
 fn log_line(level: ort::logging::LogLevel, _category: &str, _id: &str, _loc: &str, msg: &str) {
-    if level == ort::logging::LogLevel::Warning {
-        tracing::warn!(target: "onnxruntime", "{}", msg.trim());
+    use ort::logging::LogLevel;
+    let least = log_level()
+        .unwrap_or(LogLevel::Warning)
+        .min(LogLevel::Warning);
+    if level >= least && level < LogLevel::Error {
+        match level {
+            LogLevel::Warning => tracing::warn!(target: "onnxruntime", "{}", msg.trim()),
+            _ => tracing::info!(target: "onnxruntime", "{}", msg.trim()),
+        }
     }
 }
 

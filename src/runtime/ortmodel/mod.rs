@@ -11,10 +11,12 @@
 //! inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
 //! execution provider's memory with IoBinding, see [`KvPath`]), `vision` (the vision encoder
 //! run, and its handle for a vision stage's thread), `stage` (the prefill stage's sessions,
-//! `--prefill-stage on`).
+//! `--prefill-stage on`), `capture` (the lock that keeps other threads' GPU work out of a
+//! CUDA graph capture; every GPU-touching entry point here holds it shared).
 
 mod batch;
 mod binding;
+mod capture;
 mod gqa;
 mod kv;
 mod repack;
@@ -159,6 +161,8 @@ pub use session::write_optimized_graph;
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
+        // Creating sessions allocates device memory: not while another thread captures.
+        let mut gpu = capture::shared();
         let manifest = Manifest::load(dir)?;
         let graphs =
             manifest
@@ -279,7 +283,11 @@ impl OrtModel {
                 let mut cache = cache;
                 if graphs_on && decoder.provider == Provider::Cuda {
                     let t = std::time::Instant::now();
-                    match cache.enable_graphs(&mut decoder.session, &mut embed, t_hidden, t_vocab) {
+                    // The capture takes the lock alone (see `capture`).
+                    let captured = gpu.released(|| {
+                        cache.enable_graphs(&mut decoder.session, &mut embed, t_hidden, t_vocab)
+                    });
+                    match captured {
                         Ok(()) => tracing::info!(
                             "CUDA graphs for decode steps of 1 to {} sequences captured in {:.1} s",
                             cache.slots,
@@ -434,6 +442,7 @@ impl Backend for OrtModel {
     }
 
     fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+        let _gpu = capture::shared();
         let mut vision = self.vision.lock().unwrap_or_else(|e| e.into_inner());
         encode(&mut vision, pixel_values, &mut self.tap)
     }
@@ -464,6 +473,7 @@ impl Backend for OrtModel {
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+        let _gpu = capture::shared();
         embed_rows(&mut self.embed, ids)
     }
 
@@ -472,6 +482,7 @@ impl Backend for OrtModel {
         embeds: Array2<f32>,
         cache: Option<OrtCache>,
     ) -> Result<(Vec<f32>, OrtCache), BackendError> {
+        let _gpu = capture::shared();
         if self.gqa.is_some() {
             return self.gqa_forward(embeds, cache);
         }
@@ -509,6 +520,7 @@ impl Backend for OrtModel {
         caches: Vec<OrtCache>,
         need: &[RowNeed],
     ) -> Result<(Vec<StepLogits>, Vec<OrtCache>), BackendError> {
+        let _gpu = capture::shared();
         if self.gqa.is_some() {
             return self.gqa_decode_batch(tokens, caches, need);
         }
@@ -517,6 +529,7 @@ impl Backend for OrtModel {
     }
 
     fn step_logits(&mut self, row: usize) -> Result<Vec<f32>, BackendError> {
+        let _gpu = capture::shared();
         let g = self.gqa.as_mut().ok_or_else(|| {
             BackendError::Invalid("the merged decoder returns full logits only".into())
         })?;
@@ -529,6 +542,7 @@ impl Backend for OrtModel {
         tokens: &[u32],
         caches: Vec<OrtCache>,
     ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
+        let _gpu = capture::shared();
         if self.gqa.is_some() {
             let (rows, caches) = self.gqa_decode_batch(tokens, caches, &[])?;
             let logits = rows

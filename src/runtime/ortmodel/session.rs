@@ -82,10 +82,10 @@ pub(super) fn build(
                 } else {
                     GraphOptimizationLevel::All
                 })?
-                .with_log_level(if eps.is_empty() {
-                    ort::logging::LogLevel::Error
-                } else {
-                    ort::logging::LogLevel::Warning
+                .with_log_level(match crate::runtime::ortlib::log_level() {
+                    Some(level) => level,
+                    None if eps.is_empty() => ort::logging::LogLevel::Error,
+                    None => ort::logging::LogLevel::Warning,
                 })?
                 .with_config_entry(
                     "session.qdq_matmulnbits_accuracy_level",

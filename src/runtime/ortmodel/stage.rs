@@ -74,6 +74,7 @@ pub(super) struct PrefillHandle {
 
 impl PagePrefill<OrtCache> for PrefillHandle {
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
+        let _gpu = super::capture::shared();
         let mut p = self.parts.lock().unwrap_or_else(|e| e.into_inner());
         embed_rows(&mut p.embed, ids)
     }
@@ -84,6 +85,7 @@ impl PagePrefill<OrtCache> for PrefillHandle {
         mut cache: OrtCache,
     ) -> Result<(Vec<f32>, OrtCache), BackendError> {
         const PART: &str = graph::DECODER_GQA;
+        let _gpu = super::capture::shared();
         let slot = match (&cache.slot, cache.len) {
             (Some(s), 0) => s.index,
             _ => {

@@ -18,6 +18,7 @@ pub(super) struct VisionHandle {
 
 impl ImageEncoder for VisionHandle {
     fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+        let _gpu = super::capture::shared();
         let mut vision = self.vision.lock().unwrap_or_else(|e| e.into_inner());
         encode(&mut vision, pixel_values, &mut None)
     }

@@ -26,7 +26,8 @@
 //! Every other run of the decoder session (prefills) passes `gpu_graph_id = -1`: with graphs
 //! enabled, a run without an id would be captured as graph 0 on its third call. Buckets are
 //! captured at load (ONNX Runtime runs a graph id twice, then captures the third run), before
-//! any sequence exists.
+//! any sequence exists, each run [`CAPTURE_RUNS`] times while no other thread of the process
+//! touches the GPU (`super::super::capture`).
 
 use super::outputs::{rows_out, Fetch, LastLogits, LogitsAt, TopOut};
 use super::{bind_input_in_place, GqaCache, PART};
@@ -37,6 +38,11 @@ use ocrctl_exporters::graph::DType;
 use ort::memory::Allocator;
 use ort::session::{IoBinding, NoSelectedOutputs, RunOptions, Session};
 use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut};
+
+/// Runs of each bucket at load: two regular runs, the capturing one, and one replay (ONNX
+/// Runtime's CUDA provider captures a graph id once it has run `min_num_runs_before_
+/// cuda_graph_capture_` = 2 times; the replay checks the captured graph runs).
+const CAPTURE_RUNS: usize = 4;
 
 /// The decode graphs of one model.
 pub(in crate::runtime::ortmodel) struct DecodeGraphs {
@@ -158,13 +164,20 @@ impl GqaCache {
         }
         self.graphs = Some(DecodeGraphs { buckets, hidden });
         // Capture every bucket now: no sequence exists, so the dummy rows write nothing
-        // anyone reads.
+        // anyone reads. ONNX Runtime counts the regular runs of each graph id and captures
+        // the run after the second one; fewer runs here left the captures to the first
+        // decode steps, racing the stages' threads (see `capture`). No other thread of the
+        // process touches the GPU meanwhile.
+        let _alone = crate::runtime::ortmodel::capture::exclusive();
         for i in 0..self.graphs.as_ref().map_or(0, |g| g.buckets.len()) {
             let rows = self.graphs.as_ref().expect("set above").buckets[i].rows;
             let t = std::time::Instant::now();
-            if let Err(e) = self.graph_step(decoder, embed, &vec![0; rows], &vec![0; rows], &[]) {
-                self.graphs = None;
-                return Err(e);
+            for _ in 0..CAPTURE_RUNS {
+                let step = self.graph_step(decoder, embed, &vec![0; rows], &vec![0; rows], &[]);
+                if let Err(e) = step {
+                    self.graphs = None;
+                    return Err(e);
+                }
             }
             tracing::debug!(
                 "CUDA graph for {rows} sequence(s) captured in {:.0} ms",
