@@ -16,8 +16,6 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu_env.sh
 results_dir
-P=${PREC:-fp16}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpu.txt"
 FX=tests/fixtures/tiny-lightonocr
 for step in ${STEP:-fixture sweep big}; do
   echo "=== $step"

@@ -20,10 +20,15 @@ export_with() {
   [ -d /tmp/dummy-$1 ] || $2 export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-$1 \
     --precision "${PREC:-fp16}" --decoder gqa >/dev/null 2>&1 || echo "export $1 FAILED"
 }
-# results_dir sets R=/tmp/gpu-res, where a script's files collect; pack_results packs them into
+# results_dir sets R=/tmp/gpu-res, where a script's files collect (and P, the precision: PREC
+# or fp16; it records the GPU in $R/gpu.txt); pack_results packs them into
 # one $OUT/results.tgz (the device tool brings back a handful of files per call; packing after
 # each step keeps what a call cut short had finished).
-results_dir() { R=/tmp/gpu-res; mkdir -p "$R"; }
+results_dir() {
+  R=/tmp/gpu-res; mkdir -p "$R"
+  P=${PREC:-fp16}
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpu.txt"
+}
 pack_results() {
   tar czf "$OUT/results.tgz.part" -C "$R" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
 }

@@ -20,8 +20,6 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu_env.sh
 results_dir
-P=${PREC:-fp16}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpu.txt"
 # phase NAME BIN MODEL: phase rows of both page sizes, 8 new tokens, medians of RUNS.
 phase() {
   $2 bench --model "$3" --precision "$P" --decoder gqa --providers cuda --strict-providers \

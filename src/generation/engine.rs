@@ -581,6 +581,19 @@ mod tests {
         }
     }
 
+    /// `reqs` run to completion through `b` at batch 4: each request's generation, and how
+    /// many rows the backend answered with candidates and how many full rows were fetched.
+    fn run_fake(b: FakeBackend, reqs: &[GenRequest]) -> (Vec<Generation>, usize, usize) {
+        let mut e = Engine::new(b, 4, 99);
+        let r = e.run(reqs.to_vec(), &mut |_| {});
+        let gens = r.into_iter().map(|g| g.unwrap()).collect();
+        (
+            gens,
+            e.backend.candidate_rows,
+            e.backend.step_logits_fetches,
+        )
+    }
+
     #[test]
     fn batched_results_equal_one_at_a_time_and_requests_join_and_leave() {
         let reqs: Vec<GenRequest> = (0..7)
@@ -639,10 +652,9 @@ mod tests {
             })
             .collect();
         let run = |b: FakeBackend| {
-            let mut e = Engine::new(b, 4, 99);
-            let r = e.run(reqs.clone(), &mut |_| {});
-            let ids: Vec<Vec<u32>> = r.into_iter().map(|g| g.unwrap().token_ids).collect();
-            (ids, e.backend.candidate_rows, e.backend.step_logits_fetches)
+            let (gens, rows, fetches) = run_fake(b, &reqs);
+            let ids: Vec<Vec<u32>> = gens.into_iter().map(|g| g.token_ids).collect();
+            (ids, rows, fetches)
         };
         for peak in [10.0, 0.05] {
             let (full, rows, _) = run(FakeBackend::sum(97).peak(peak));
@@ -685,14 +697,12 @@ mod tests {
             Vec<Vec<crate::generation::generate::TokenLogprob>>,
         );
         let run = |b: FakeBackend| {
-            let mut e = Engine::new(b, 4, 99);
-            let r = e.run(reqs.clone(), &mut |_| {});
-            let out: Vec<Out> = r
+            let (gens, rows, fetches) = run_fake(b, &reqs);
+            let out: Vec<Out> = gens
                 .into_iter()
-                .map(|g| g.unwrap())
                 .map(|g| (g.token_ids, g.logprobs, g.top_logprobs))
                 .collect();
-            (out, e.backend.candidate_rows, e.backend.step_logits_fetches)
+            (out, rows, fetches)
         };
         for peak in [10.0, 0.05] {
             let (full, rows, _) = run(FakeBackend::sum(97).peak(peak));
@@ -747,14 +757,12 @@ mod tests {
             })
             .collect();
         let run = |b: FakeBackend| {
-            let mut e = Engine::new(b, 4, 99);
-            let r = e.run(reqs.clone(), &mut |_| {});
-            let out: Vec<(Vec<u32>, Vec<f32>)> = r
+            let (gens, rows, fetches) = run_fake(b, &reqs);
+            let out: Vec<(Vec<u32>, Vec<f32>)> = gens
                 .into_iter()
-                .map(|g| g.unwrap())
                 .map(|g| (g.token_ids, g.logprobs))
                 .collect();
-            (out, e.backend.candidate_rows, e.backend.step_logits_fetches)
+            (out, rows, fetches)
         };
         for peak in [10.0, 0.05] {
             let (full, _, _) = run(FakeBackend::sum(97).peak(peak));

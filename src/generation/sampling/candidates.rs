@@ -322,6 +322,29 @@ mod tests {
         assert_eq!(g.next_from_candidates(&flat, 100, &[0, 1, 2]), None);
     }
 
+    /// Seeded parameters: temperature `t`, top-p `p`, top-k `tk`, the repetition, presence
+    /// and frequency penalties `pen`, and `bias`.
+    fn seeded(
+        t: f32,
+        p: f32,
+        tk: usize,
+        pen: (f32, f32, f32),
+        bias: &[(u32, f32)],
+        seed: u64,
+    ) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            top_p: p,
+            top_k: tk,
+            repetition_penalty: pen.0,
+            presence_penalty: pen.1,
+            frequency_penalty: pen.2,
+            logit_bias: super::super::logit_bias(bias.iter().copied()),
+            seed: Some(seed),
+            ..SamplingParams::greedy()
+        }
+    }
+
     #[test]
     fn penalised_and_greedy_steps_choose_what_the_full_logits_choose() {
         let (n, k) = (500, 16);
@@ -365,16 +388,7 @@ mod tests {
                     for t in [0.0f32, 0.2, 1.0] {
                         for p in [0.9f32, 1.0] {
                             for tk in [0usize, 5, 40] {
-                                let params = SamplingParams {
-                                    temperature: t,
-                                    top_p: p,
-                                    top_k: tk,
-                                    repetition_penalty: pen,
-                                    presence_penalty: pres,
-                                    frequency_penalty: freq,
-                                    seed: Some(seed),
-                                    ..SamplingParams::greedy()
-                                };
+                                let params = seeded(t, p, tk, (pen, pres, freq), &[], seed);
                                 let mut a = Sampler::new(params.clone()).unwrap();
                                 let mut b = Sampler::new(params).unwrap();
                                 let ctx = format!(
@@ -447,17 +461,7 @@ mod tests {
                     {
                         for t in [0.0f32, 0.2, 1.0] {
                             for (p, tk) in [(0.9f32, 0usize), (1.0, 0), (1.0, 5)] {
-                                let params = SamplingParams {
-                                    temperature: t,
-                                    top_p: p,
-                                    top_k: tk,
-                                    repetition_penalty: pen,
-                                    presence_penalty: pres,
-                                    frequency_penalty: freq,
-                                    logit_bias: super::super::logit_bias(bias.iter().copied()),
-                                    seed: Some(seed),
-                                    ..SamplingParams::greedy()
-                                };
+                                let params = seeded(t, p, tk, (pen, pres, freq), bias, seed);
                                 let mut a = Sampler::new(params.clone()).unwrap();
                                 let mut b = Sampler::new(params).unwrap();
                                 let ctx = format!(
