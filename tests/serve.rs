@@ -304,6 +304,18 @@ fn logit_bias_reaches_the_sampler_through_every_door() {
         ]);
         assert!(err.contains("--logit-bias"), "{bad}: {err}");
     }
+    // bench checks the ids against the model's vocabulary too, before loading it.
+    let err = common::ocrctl_err(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--logit-bias",
+        "999999999=1",
+    ]);
+    assert!(
+        err.contains("--logit-bias") && err.contains("outside the vocabulary"),
+        "{err}"
+    );
 }
 
 #[test]

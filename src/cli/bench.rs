@@ -176,6 +176,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let cfg = ocrctl_exporters::export::Manifest::load(&a.model)
         .with_context(|| format!("--model {}", a.model.display()))?
         .model;
+    params
+        .check_vocab(cfg.text.vocab_size)
+        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
     let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
     if opts.max_sequence_length == 0 {
         // A GQA decoder's cache needs the longest page's prompt plus the new tokens.

@@ -165,7 +165,12 @@ pub fn log_level() -> Option<ort::logging::LogLevel> {
         "info" => Some(LogLevel::Info),
         "warning" => Some(LogLevel::Warning),
         "error" => Some(LogLevel::Error),
-        _ => None,
+        other => {
+            tracing::warn!(
+                "OCRCTL_ORT_LOG={other:?} is not one of verbose, info, warning, error; ignored"
+            );
+            None
+        }
     })
 }
 

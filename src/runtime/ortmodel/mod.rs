@@ -4,7 +4,7 @@
 //! the export's `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return
 //! float16 tensors; conversion happens here so generation always sees float32.
 //!
-//! Submodules: `session` (sessions with provider fallback, the file digests checked before a
+//! Submodules: `load` ([`OrtModel::load`]), `session` (sessions with provider fallback, the file digests checked before a
 //! load), `tensors` (value helpers), `gqa` (the GQA decoder's slot cache, updated in place),
 //! `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack` (the same
 //! repacking in the execution provider's memory with a small ONNX graph), `batch` (decoder
@@ -19,6 +19,7 @@ mod binding;
 mod capture;
 mod gqa;
 mod kv;
+mod load;
 mod repack;
 mod session;
 mod stage;
@@ -159,209 +160,6 @@ use session::verify_files;
 pub use session::write_optimized_graph;
 
 impl OrtModel {
-    /// Loads the export in `dir` with the given precision.
-    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
-        // Creating sessions allocates device memory: not while another thread captures.
-        let mut gpu = capture::shared();
-        let manifest = Manifest::load(dir)?;
-        let graphs =
-            manifest
-                .graphs
-                .get(&opts.precision)
-                .ok_or_else(|| LoadError::NoPrecision {
-                    dir: dir.to_path_buf(),
-                    precision: opts.precision.name().into(),
-                    available: manifest
-                        .precisions
-                        .iter()
-                        .map(|p| p.name())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })?;
-        let variant = match opts.decoder {
-            Some(v) if !graphs.contains_key(v.part()) => {
-                return Err(LoadError::Session {
-                    path: dir.join(MANIFEST_NAME),
-                    message: format!(
-                        "the {} decoder was not exported for {} (export with --decoder {})",
-                        v.part(),
-                        opts.precision.name(),
-                        match v {
-                            DecoderVariant::Gqa => "gqa",
-                            DecoderVariant::Merged => "merged",
-                        }
-                    ),
-                })
-            }
-            Some(v) => v,
-            None if graphs.contains_key(DecoderVariant::Gqa.part()) => DecoderVariant::Gqa,
-            None => DecoderVariant::Merged,
-        };
-        if opts.verify {
-            verify_files(dir, &manifest, opts.precision, variant)?;
-        }
-        let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
-        match crate::runtime::providers::usable(&opts.providers) {
-            Ok((_, notes)) => notes.iter().for_each(|n| tracing::warn!("{n}")),
-            Err(e) => {
-                return Err(LoadError::Session {
-                    path: dir.to_path_buf(),
-                    message: e.to_string(),
-                })
-            }
-        }
-        let path_of = |part: &str| -> Result<PathBuf, LoadError> {
-            let g = graphs.get(part).ok_or_else(|| LoadError::Session {
-                path: dir.join(MANIFEST_NAME),
-                message: format!("manifest lists no `{part}` graph"),
-            })?;
-            Ok(dir.join("onnx").join(&g.file))
-        };
-        let t = &manifest.model.text;
-        let decoder_path = path_of(variant.part())?;
-        let vision = session::build(&env, &path_of(graph::VISION)?, opts, None)?.session;
-        let mut embed = session::build(&env, &path_of(graph::EMBED)?, opts, None)?.session;
-        let (mut decoder, graphs_on) = match session::build(&env, &decoder_path, opts, None) {
-            // ONNX Runtime refuses graph capture for a session with nodes outside the CUDA
-            // provider; the decoder then runs uncaptured rather than not at all.
-            Err(e) if opts.providers.cuda.cuda_graphs && variant == DecoderVariant::Gqa => {
-                tracing::warn!("CUDA graphs unavailable ({e}); decode steps run without them");
-                let mut plain = opts.clone();
-                plain.providers.cuda.cuda_graphs = false;
-                (session::build(&env, &decoder_path, &plain, None)?, false)
-            }
-            r => (r?, opts.providers.cuda.cuda_graphs),
-        };
-        let (t_hidden, t_vocab) = (t.hidden_size, t.vocab_size);
-        let placement = Placement::for_provider(decoder.provider, opts.providers.device_id)
-            .map_err(|e| LoadError::Session {
-                path: decoder_path.clone(),
-                message: e.to_string(),
-            })?;
-        let act = opts.precision.dtype();
-        // The GQA decoder never repacks: its cache is updated in place.
-        let repacker = if variant == DecoderVariant::Gqa {
-            None
-        } else {
-            match Repacker::new(
-                &env,
-                decoder.provider,
-                opts.providers.device_id,
-                act,
-                &placement.kv,
-                &decoder.session,
-            ) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::warn!("KV repack graph unavailable ({e}); batch caches are repacked through host memory");
-                    None
-                }
-            }
-        };
-        let gqa = match variant {
-            DecoderVariant::Merged => None,
-            DecoderVariant::Gqa => {
-                let max_pos = t.max_position_embeddings.max(1);
-                let max_seq = match opts.max_sequence_length {
-                    0 => max_pos.min(8192),
-                    n => n.min(max_pos),
-                };
-                let cache = gqa::GqaCache::new(
-                    &decoder.session,
-                    placement.kv.clone(),
-                    act,
-                    t.num_kv_heads,
-                    t.head_dim,
-                    opts.kv_slots.max(1),
-                    max_seq,
-                    t.num_layers,
-                )
-                .map_err(|e| LoadError::Session {
-                    path: decoder_path.clone(),
-                    message: e.to_string(),
-                })?;
-                let mut cache = cache;
-                if graphs_on && decoder.provider == Provider::Cuda {
-                    let t = std::time::Instant::now();
-                    // The capture takes the lock alone (see `capture`).
-                    let captured = gpu.released(|| {
-                        cache.enable_graphs(&mut decoder.session, &mut embed, t_hidden, t_vocab)
-                    });
-                    match captured {
-                        Ok(()) => tracing::info!(
-                            "CUDA graphs for decode steps of 1 to {} sequences captured in {:.1} s",
-                            cache.slots,
-                            t.elapsed().as_secs_f64()
-                        ),
-                        Err(e) => tracing::warn!(
-                            "CUDA graphs unavailable ({e}); decode steps run without them"
-                        ),
-                    }
-                }
-                tracing::info!(
-                    "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB) in {} memory",
-                    cache.slots,
-                    cache.max_seq,
-                    cache.bytes() as f64 / (1u64 << 30) as f64,
-                    placement.kv.allocation_device().as_str()
-                );
-                Some(cache)
-            }
-        };
-        let stages = opts.vision_stage && (decoder.provider.is_gpu() || opts.stages_on_cpu);
-        let prefill_stage = match &gqa {
-            Some(cache) if stages && opts.prefill_stage => {
-                let embed_path = path_of(graph::EMBED)?;
-                let paths = (decoder_path.as_path(), embed_path.as_path());
-                stage::build(&env, paths, opts, cache, act, &placement.host)
-            }
-            _ => None,
-        };
-        let gqa_location = gqa.as_ref().map(|_| {
-            format!(
-                "{}:{}",
-                placement.kv.allocation_device().as_str(),
-                placement.kv.device_id()
-            )
-        });
-        Ok(OrtModel {
-            gqa,
-            act,
-            vision: Arc::new(Mutex::new(vision)),
-            embed,
-            decoder_takes_positions: decoder
-                .session
-                .inputs()
-                .iter()
-                .any(|i| i.name() == tensor::POSITION_IDS),
-            decoder: decoder.session,
-            provider: decoder.provider,
-            vision_stage: stages,
-            prefill_stage,
-            placement,
-            repacker,
-            kv_path: KvPath::Bound,
-            stats: KvStats {
-                // The GQA cache lives where it was allocated, from the first run on.
-                kv_location: gqa_location,
-                ..KvStats::default()
-            },
-            warned_placement: false,
-            past_names: tensor::cache_names(t.num_layers, false),
-            present_names: tensor::cache_names(t.num_layers, true),
-            dims: KvDims {
-                kv_heads: t.num_kv_heads,
-                head_dim: t.head_dim,
-                tensors: 2 * t.num_layers,
-            },
-            hidden: t.hidden_size,
-            tap: None,
-            batch: None,
-            dir: dir.to_path_buf(),
-            manifest,
-        })
-    }
-
     /// The decoder graph this model runs.
     pub fn decoder_variant(&self) -> DecoderVariant {
         if self.gqa.is_some() {

@@ -9,16 +9,19 @@
 //! once the request's values are merged with the model's defaults.
 //! Content parts are a flat struct rather than an internally tagged enum on `type`: serde
 //! buffers tagged (and untagged) enums, which would lose the path of an error inside a part.
+//! Image URLs are classified (and `data:` URLs decoded) in `image_url`.
 
 #[cfg(doc)]
 use crate::generation::sampling::SamplingParams;
 use crate::server::error::ApiError;
-use base64::Engine as _;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt;
+
+mod image_url;
+pub use image_url::{image_source, parse_data_url, ImageSource};
 
 /// Most stop strings one request may give (OpenAI allows 4; vLLM more).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -225,15 +228,6 @@ impl<'de> Deserialize<'de> for Seed {
     }
 }
 
-/// Where an image of a request comes from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ImageSource {
-    /// Bytes from a `data:` URL; `param` names the field it came from.
-    Data { bytes: Vec<u8>, param: String },
-    /// An `http(s)://` URL (fetched only with `--allow-remote-images`).
-    Remote { url: String, param: String },
-}
-
 /// A parsed chat completion request.
 #[derive(Debug, Clone, Default)]
 pub struct ChatParams {
@@ -260,57 +254,6 @@ pub struct ChatParams {
     pub top_logprobs: usize,
     /// vLLM's `ignore_eos`: keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
-}
-
-/// Parses a `data:` URL's payload; only base64 payloads are accepted.
-pub fn parse_data_url(url: &str, param: &str) -> Result<Vec<u8>, ApiError> {
-    let rest = &url["data:".len()..];
-    let Some((meta, payload)) = rest.split_once(',') else {
-        return Err(ApiError::bad(
-            param,
-            "data URL has no ',' before its payload",
-        ));
-    };
-    if !meta.split(';').any(|p| p.eq_ignore_ascii_case("base64")) {
-        return Err(ApiError::bad(
-            param,
-            "data URL must be base64-encoded (data:image/png;base64,...)",
-        ));
-    }
-    let cleaned: String = payload
-        .chars()
-        .filter(|c| !c.is_ascii_whitespace())
-        .collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(cleaned.as_bytes())
-        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(cleaned.as_bytes()))
-        .map_err(|e| ApiError::bad(param, format!("invalid base64 in data URL: {e}")))
-}
-
-/// Classifies an image URL: `data:` (decoded), `http(s)://` (kept), anything else refused.
-pub fn image_source(url: &str, param: &str) -> Result<ImageSource, ApiError> {
-    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
-    if lower.starts_with("data:") {
-        Ok(ImageSource::Data {
-            bytes: parse_data_url(url, param)?,
-            param: param.to_string(),
-        })
-    } else if lower.starts_with("http://") || lower.starts_with("https://") {
-        Ok(ImageSource::Remote {
-            url: url.to_string(),
-            param: param.to_string(),
-        })
-    } else if lower.starts_with("file:") {
-        Err(ApiError::bad(
-            param,
-            "file:// URLs are never read by the server",
-        ))
-    } else {
-        Err(ApiError::bad(
-            param,
-            "image URL must be a data: URL (data:image/png;base64,...) or http(s)://",
-        ))
-    }
 }
 
 /// Bytes of text in parsed `messages` (string contents and text parts), to bound the work
@@ -608,6 +551,7 @@ impl Part {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
 
     fn err(body: &str) -> ApiError {
         parse_chat(body.as_bytes()).unwrap_err()
