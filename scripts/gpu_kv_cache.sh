@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# An 8-bit KV cache (`ocrctl export --kv-cache fp8|int8`) on the GPU machine (device tool).
+# Steps (STEP, in order; each adds its files to $OUT/results.tgz):
+#   probe    scripts/gpu_kv_quant_probe.py: one GroupQueryAttention node, fp16 / int8 / fp8
+#            caches with and without padded query heads (kernel choice, error, time).
+#   fixture  the fixture (fp16 graphs, CUDA, greedy, 40 tokens past EOS, top-5 logprobs)
+#            against the transformers goldens: the fp16 cache, then fp8, then int8 at
+#            INT8_SCALE, CUDA graphs off and on (check_golden's lines: ids equal or the first
+#            step where they differ, and the largest top-5 |Δlogprob|).
+#   sweep    the dummy full-size model (fp16 graphs, GQA, CUDA graphs on, A4, NEW_TOKENS):
+#            the fp16 cache at FP16_BATCHES, the fp8 cache at FP8_BATCHES, in one call.
+# Needs ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst, carried as for scripts/gpu_ab.sh.
+# Knobs: STEP (probe fixture sweep), INT8_SCALE (0.1), FP16_BATCHES (1,256),
+# FP8_BATCHES (1,128,256,512), NEW_TOKENS (1024).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+. scripts/gpu_env.sh
+results_dir
+# An 8-bit cache loads on a GPU only with this (experimental, see src/runtime/ortmodel/load.rs).
+export OCRCTL_EXPERIMENTAL_KV8=1
+FX=tests/fixtures/tiny-lightonocr
+for step in ${STEP:-probe fixture sweep}; do
+  echo "=== $step"
+  case $step in
+  probe)
+    PYTHONPATH=/opt/ortgpu python3 scripts/gpu_kv_quant_probe.py 1,128,256 2>&1 \
+      | grep -v Warning | tee "$R/probe.txt"
+    ;;
+  fixture)
+    for kv in auto fp8 "int8 --kv-scale ${INT8_SCALE:-0.1}"; do
+      name=${kv%% *}
+      rm -rf /tmp/fixture-kv-$name
+      # shellcheck disable=SC2086
+      $BIN export --checkpoint $FX/checkpoint --out /tmp/fixture-kv-$name --precision fp16 \
+        --decoder gqa --kv-cache $kv >/dev/null || echo "export $name FAILED"
+      for graphs in off on; do
+        echo "== cache $name, CUDA graphs $graphs" | tee -a "$R/fixture.txt"
+        $BIN ocr --model /tmp/fixture-kv-$name --decoder gqa --precision fp16 --providers cuda \
+          --strict-providers --cuda-graphs $graphs --max-tokens 40 --ignore-eos \
+          --temperature 0 --top-logprobs 5 --json --quiet --batch-size 5 $FX/images/* \
+          2>>"$R/fixture-$name.log" \
+          | python3 scripts/check_golden.py $FX/golden/golden.json 0.05 2>&1 \
+          | tee -a "$R/fixture.txt"
+      done
+    done
+    ;;
+  sweep)
+    export_with b "$BIN"
+    [ -d /tmp/dummy-fp8 ] || $BIN export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-fp8 \
+      --precision fp16 --decoder gqa --kv-cache fp8 >/dev/null 2>&1 || echo "export fp8 FAILED"
+    BATCHES=${FP16_BATCHES:-1,256} sweep fp16-cache "$BIN" /tmp/dummy-b
+    BATCHES=${FP8_BATCHES:-1,128,256,512} sweep fp8-cache "$BIN" /tmp/dummy-fp8
+    ;;
+  esac
+  pack_results
+done
