@@ -567,3 +567,30 @@ fn onnx_runtime_errors_are_printed_once_without_colour() {
     assert_eq!(e.matches("Protobuf parsing failed").count(), 1, "{e}");
     assert!(!e.contains('\u{1b}'), "colour codes: {e:?}");
 }
+
+#[test]
+fn kv_cache_flags_that_cannot_work_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("o");
+    let ck = checkpoint();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "export",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        ocrctl_err(&args)
+    };
+    let e = run(&["--kv-cache", "int8"]);
+    assert!(e.contains("--kv-scale"), "{e}");
+    let e = run(&["--kv-cache", "fp4"]);
+    assert!(e.contains("`fp4`") && e.contains("fp8"), "{e}");
+    let e = run(&["--kv-cache", "fp8", "--kv-scale", "0"]);
+    assert!(e.contains("--kv-scale"), "{e}");
+    let e = run(&["--kv-cache", "fp8", "--decoder", "merged"]);
+    assert!(e.contains("--decoder gqa"), "{e}");
+    assert!(!out.exists());
+}

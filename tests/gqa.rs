@@ -12,7 +12,9 @@ use ocrctl::model::preprocess::{self, PreprocessConfig};
 use ocrctl::model::prompt::Prompter;
 use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
-use ocrctl_exporters::export::{DecoderVariant, Precision};
+use ocrctl_exporters::export::{DecoderVariant, ExportOptions, Precision};
+use ocrctl_exporters::kv_cache::KvCache;
+use ocrctl_exporters::manifest::Manifest;
 use std::path::Path;
 
 /// Same tolerances as `tests/parity.rs`.
@@ -26,6 +28,16 @@ fn export() -> &'static Path {
 
 fn load(precision: Precision, slots: usize, max_seq: usize) -> OrtModel {
     load_staged(precision, slots, max_seq, false)
+}
+
+fn load_from(dir: &Path, precision: Precision, slots: usize, max_seq: usize) -> OrtModel {
+    let opts = LoadOptions {
+        decoder: Some(DecoderVariant::Gqa),
+        kv_slots: slots,
+        max_sequence_length: max_seq,
+        ..LoadOptions::new(precision)
+    };
+    OrtModel::load(dir, &opts).expect("model loads")
 }
 
 /// With `staged`, the vision and prefill stages run on the CPU too (they are GPU-only
@@ -48,9 +60,14 @@ fn load_staged(precision: Precision, slots: usize, max_seq: usize, staged: bool)
 /// 40 greedy steps per fixture image through the engine (`Engine::run`: prefill, then B = 1
 /// decode runs in the sequence's slot): ids exact, top-5 log-probabilities within `tol`.
 fn check_generation(precision: Precision, tol: f32) {
+    check_generation_in(export(), precision, tol);
+}
+
+/// [`check_generation`] on the export in `dir`.
+fn check_generation_in(dir: &Path, precision: Precision, tol: f32) {
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
-    let mut engine = Engine::new(load(precision, 1, 0), 1, image_token);
+    let mut engine = Engine::new(load_from(dir, precision, 1, 0), 1, image_token);
     let prompter = Prompter::from_model_dir(export(), image_token).unwrap();
     let cfg = PreprocessConfig::from_model_dir(export(), 14, 2).unwrap();
     let mut worst = 0f32;
@@ -75,6 +92,76 @@ fn fp32_gqa_greedy_generation_matches_the_reference() {
 #[test]
 fn fp16_gqa_greedy_generation_matches_the_reference() {
     check_generation(Precision::Fp16, FP16_LOGPROB_TOL);
+}
+
+/// The fixture exported fp32 with the GQA decoder only and `kv`/`pad` (see
+/// `ExportOptions::kv_cache`, `ExportOptions::pad_query_heads`), in a temporary directory.
+fn export_kv(kv: KvCache, pad: bool) -> (tempfile::TempDir, std::path::PathBuf, Manifest) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("kv");
+    let opts = ExportOptions {
+        precisions: vec![Precision::Fp32],
+        decoders: vec![DecoderVariant::Gqa],
+        kv_cache: kv,
+        pad_query_heads: pad,
+        ..ExportOptions::new(checkpoint().to_string_lossy().into(), out.clone())
+    };
+    let m = ocrctl_exporters::export::export(&opts, &mut |_| {}).expect("export");
+    assert_eq!(m.kv_cache, kv);
+    (dir, out, m)
+}
+
+/// The query heads padded as for an 8-bit cache (zero rows in q_proj, zero columns in
+/// o_proj: 4 query heads per KV head instead of the fixture's 2) over the exact fp32 cache:
+/// the reference's ids and log-probabilities, so the padding by itself changes nothing.
+#[test]
+fn padded_query_heads_change_nothing() {
+    let (_dir, out, m) = export_kv(KvCache::Activation, true);
+    // Layer 0's packed q/k/v weight: 4 query heads per KV head, then the keys and values.
+    let t = &m.model.text;
+    let graph = std::fs::read(out.join("onnx/decoder_model_gqa.onnx")).unwrap();
+    let (_, inits) = ocrctl_exporters::proto::read::summarize(&graph).unwrap();
+    let qkv = inits
+        .iter()
+        .find(|i| i.name.contains("layers.0.self_attn.qkv_proj"))
+        .expect("packed q/k/v weight");
+    let rows = (4 + 2) * t.num_kv_heads * t.head_dim;
+    assert_eq!(qkv.elements as usize, rows * t.hidden_size);
+    check_generation_in(&out, Precision::Fp32, FP32_LOGPROB_TOL);
+}
+
+/// An int8 KV cache on the CPU (ONNX Runtime's CPU kernel takes int8; fp8 runs on CUDA only,
+/// checked by scripts/gpu_kv_cache.sh): the cache is allocated at one byte per element, a
+/// quarter of the fp32 cache, and the first 16 greedy ids of every fixture image are the
+/// reference's. Not all 40: this tiny model's top logits lie close, and one scale per tensor
+/// (0.1 here) moves a few of them past each other late in some pages.
+#[test]
+fn an_int8_cache_holds_a_byte_per_element_and_keeps_the_reference_ids() {
+    let (_dir, out, m) = export_kv(KvCache::Int8 { scale: 0.1 }, false);
+    let cache_input = m.graphs[&Precision::Fp32]["decoder_gqa"]
+        .inputs
+        .iter()
+        .find(|i| i.name == "past_key_values.0.key")
+        .expect("cache input");
+    assert_eq!(cache_input.dtype, "int8");
+    let (slots, max_seq) = (2, 512);
+    let exact = load(Precision::Fp32, slots, max_seq)
+        .kv_cache_bytes()
+        .unwrap();
+    let model = load_from(&out, Precision::Fp32, slots, max_seq);
+    assert_eq!(model.kv_cache_bytes().unwrap() * 4, exact);
+    let g = golden();
+    let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
+    let mut engine = Engine::new(model, 1, image_token);
+    let prompter = Prompter::from_model_dir(&out, image_token).unwrap();
+    let cfg = PreprocessConfig::from_model_dir(&out, 14, 2).unwrap();
+    for im in g.images() {
+        let want = ids(&im["greedy_ids"]);
+        let p = preprocess::preprocess(&g.reference_image(im), &cfg);
+        let prompt = prompter.encode(&[p.num_image_tokens], None).unwrap();
+        let out = engine_greedy(&mut engine, prompt, p.pixel_values, want.len());
+        assert_eq!(out.token_ids[..16], want[..16], "{}", im["stem"]);
+    }
 }
 
 /// Six requests with different lengths through the engine at batch 3 (3 slots): slots are

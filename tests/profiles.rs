@@ -122,6 +122,7 @@ fn fake_export(dir: &Path, precisions: &[Precision], target: Target) {
         model: full_size_config(),
         graphs,
         files: vec![],
+        kv_cache: Default::default(),
         engines: Default::default(),
     };
     std::fs::write(

@@ -379,6 +379,14 @@ fn text_config(s: &Section, top_tie: Option<bool>) -> Result<TextConfig, ExportE
 }
 
 impl ModelConfig {
+    /// This configuration with `heads` query heads in the decoder (graphs whose attention
+    /// pads the query heads, see `decoder_gqa`); everything else unchanged.
+    pub fn with_query_heads(&self, heads: usize) -> ModelConfig {
+        let mut c = self.clone();
+        c.text.num_heads = heads;
+        c
+    }
+
     /// Reads `config.json` (the file path is used in every error message).
     pub fn from_file(path: &Path) -> Result<ModelConfig, ExportError> {
         let text = std::fs::read_to_string(path).map_err(|e| ExportError::io(path, e))?;

@@ -117,6 +117,11 @@ pub struct ExportOptions {
     pub calibration_graphs: bool,
     /// Decoder graphs to write (at least one).
     pub decoders: Vec<DecoderVariant>,
+    /// The GQA decoder's KV cache element type (`--kv-cache`).
+    pub kv_cache: crate::kv_cache::KvCache,
+    /// Pads the GQA decoder's query heads as an 8-bit cache does, whatever the cache type:
+    /// with the activation type's cache this checks the padding alone, exactly (tests).
+    pub pad_query_heads: bool,
 }
 
 /// Which decoder graph (a part of the manifest's `graphs`).
@@ -184,6 +189,8 @@ impl ExportOptions {
             awq: None,
             calibration_graphs: false,
             decoders: vec![DecoderVariant::Merged],
+            kv_cache: crate::kv_cache::KvCache::Activation,
+            pad_query_heads: false,
         }
     }
 }
@@ -384,6 +391,11 @@ pub fn export(
     }
     if opts.decoders.contains(&DecoderVariant::Gqa) {
         crate::decoder_gqa::check(&cfg, opts.target)?;
+    } else if opts.kv_cache != crate::kv_cache::KvCache::Activation {
+        return Err(ExportError::Invalid(format!(
+            "--kv-cache {} applies to the gqa decoder: export with --decoder gqa",
+            opts.kv_cache.name()
+        )));
     }
     let mut digest = Sha256::new();
     let mut sorted: Vec<&SourceFile> = source_files.iter().collect();
@@ -457,13 +469,22 @@ pub fn export(
                 part: stem.clone(),
                 steps: cfg.text.num_layers as u64,
             });
-            let build = match dv {
-                DecoderVariant::Merged => decoder::build,
-                DecoderVariant::Gqa => crate::decoder_gqa::build,
-            };
-            let info = build(&onnx_dir, &stem, &cfg, w, e, &mut || {
-                progress(Progress::Step)
-            })?;
+            let mut step = || progress(Progress::Step);
+            let info = match dv {
+                DecoderVariant::Merged => decoder::build(&onnx_dir, &stem, &cfg, w, e, &mut step),
+                DecoderVariant::Gqa => crate::decoder_gqa::build(
+                    &onnx_dir,
+                    &stem,
+                    &cfg,
+                    w,
+                    e,
+                    crate::kv_cache::GqaLayout {
+                        kv: opts.kv_cache,
+                        pad_query_heads: opts.pad_query_heads,
+                    },
+                    &mut step,
+                ),
+            }?;
             progress(Progress::End);
             parts.insert(dv.part().to_string(), info);
         }
@@ -497,6 +518,7 @@ pub fn export(
         model: cfg,
         graphs,
         files: Vec::new(),
+        kv_cache: opts.kv_cache,
         engines: BTreeMap::new(),
     };
     let all: Vec<(Precision, &GraphInfo)> = manifest

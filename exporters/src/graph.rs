@@ -53,6 +53,10 @@ pub enum DType {
     U8,
     /// Signed 4-bit integers, two per byte.
     I4,
+    /// Signed 8-bit integers (an 8-bit KV cache).
+    I8,
+    /// float8 E4M3 (finite only; an 8-bit KV cache).
+    F8E4M3,
 }
 
 impl DType {
@@ -67,6 +71,8 @@ impl DType {
             DType::F16 => 10,
             DType::BF16 => 16,
             DType::I4 => 22,
+            DType::I8 => 3,
+            DType::F8E4M3 => 17,
         }
     }
 
@@ -81,6 +87,8 @@ impl DType {
             DType::Bool => "bool",
             DType::U8 => "uint8",
             DType::I4 => "int4",
+            DType::I8 => "int8",
+            DType::F8E4M3 => "float8e4m3fn",
         }
     }
 
@@ -123,6 +131,11 @@ impl Value {
     /// The tensor's name in the graph.
     pub fn name(&self) -> &str {
         &self.0
+    }
+
+    /// An optional input left out (ONNX's empty name), for inputs before one that is given.
+    pub fn absent() -> Value {
+        Value(String::new())
     }
 }
 

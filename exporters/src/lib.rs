@@ -30,6 +30,7 @@ pub mod embed;
 pub mod engines;
 pub mod export;
 pub mod graph;
+pub mod kv_cache;
 pub mod layers;
 pub mod manifest;
 pub mod processor;

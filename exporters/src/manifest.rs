@@ -46,9 +46,17 @@ pub struct Manifest {
     /// in exports made before it was recorded.
     #[serde(default)]
     pub files: Vec<SourceFile>,
+    /// The GQA decoder's KV cache type (`--kv-cache`; exports before it: the activation
+    /// type). The runtime reads the type from the graph's inputs; this says how it was made.
+    #[serde(default, skip_serializing_if = "is_activation")]
+    pub kv_cache: crate::kv_cache::KvCache,
     /// Engines built ahead of time by `ocrctl build-engines`, by profile name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub engines: BTreeMap<String, crate::engines::EngineSet>,
+}
+
+fn is_activation(k: &crate::kv_cache::KvCache) -> bool {
+    *k == crate::kv_cache::KvCache::Activation
 }
 
 impl Manifest {

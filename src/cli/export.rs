@@ -10,6 +10,7 @@ use ocrctl_exporters::export::{
     export, DecoderVariant, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL,
     DEFAULT_BLOCK_SIZE,
 };
+use ocrctl_exporters::kv_cache::KvCache;
 use ocrctl_exporters::layers::{Int4Format, Quant, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +62,16 @@ pub struct ExportArgs {
     /// Default: both for `--target ort`, merged for `--target tensorrt`.
     #[arg(long, value_delimiter = ',', value_parser = parse_decoder)]
     decoder: Vec<DecoderVariant>,
+    /// The gqa decoder's KV cache: `auto` (the graphs' activation type, exact), `fp8`
+    /// (float8 E4M3: half the memory and faster decode steps at large batches on GPUs of
+    /// compute capability 8.9 and later; not exact) or `int8` (needs --kv-scale). On GPUs
+    /// an 8-bit cache is experimental and loads only with OCRCTL_EXPERIMENTAL_KV8=1.
+    #[arg(long, default_value = "auto")]
+    kv_cache: String,
+    /// Scale of an 8-bit KV cache (value = stored × scale; keys and values share it).
+    /// fp8: 1.0 unless given; int8: required (everything past ±127 × scale is clipped).
+    #[arg(long)]
+    kv_scale: Option<f32>,
     /// Path of libonnxruntime.so for --calibrate (default: found automatically).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     ort_lib: Option<PathBuf>,
@@ -102,6 +113,7 @@ fn calibrate(
         awq: None,
         calibration_graphs: true,
         decoders: vec![DecoderVariant::Merged],
+        kv_cache: KvCache::Activation,
         ..opts.clone()
     };
     eprintln!(
@@ -190,6 +202,8 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             (true, Target::Ort) => vec![DecoderVariant::Merged, DecoderVariant::Gqa],
             (true, _) => vec![DecoderVariant::Merged],
         },
+        kv_cache: KvCache::parse(&a.kv_cache, a.kv_scale)?,
+        pad_query_heads: false,
     };
     let start = Instant::now();
     let mut opts = opts;

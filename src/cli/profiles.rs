@@ -14,6 +14,7 @@ use ocrctl::profile::{
     ModelDims, Profile, TrtShapes,
 };
 use ocrctl_exporters::export::Manifest;
+use ocrctl_exporters::kv_cache::KvCache;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -219,6 +220,8 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
         // With TensorRT listed, its attention fusion is assumed (and noted when it matters).
         vision_attention_fused: p.has_tensorrt()
             || vision_attention_fused_in(&manifest, p.precision),
+        // An 8-bit GQA cache (`--kv-cache fp8|int8`) holds one byte per element.
+        kv_element_bytes: (manifest.kv_cache != KvCache::Activation).then_some(1),
         ..BudgetOptions::default()
     };
     let mut b = budget_with(&p, &dims, weights, capacity, options);

@@ -32,6 +32,9 @@ pub struct BudgetOptions {
     /// Weights the prefill stage loads a second time (its own GQA decoder and embedding
     /// sessions, on a GPU, with `--prefill-stage on`): 0 without a stage.
     pub stage_weights_bytes: u64,
+    /// Bytes per KV cache element when the export's cache is not of the activation type
+    /// (1 for `--kv-cache fp8|int8`); `None`: the precision's activation size.
+    pub kv_element_bytes: Option<u64>,
 }
 
 impl Default for BudgetOptions {
@@ -41,6 +44,7 @@ impl Default for BudgetOptions {
             prefill_batch: 1,
             vision_attention_fused: true,
             stage_weights_bytes: 0,
+            kv_element_bytes: None,
         }
     }
 }
@@ -209,13 +213,14 @@ pub fn budget_with(
         });
     }
 
-    let per_token = d.kv_bytes_per_token(eb);
+    let kv_eb = options.kv_element_bytes.unwrap_or(eb);
+    let per_token = d.kv_bytes_per_token(kv_eb);
     let kv = mul(&[b, seq, per_token]);
     rows.push(BudgetRow {
         item: "KV cache".into(),
         bytes: kv,
         detail: format!(
-            "{b} × {seq} tokens × {} ({} layers × 2 × {} kv heads × {} × {eb} B)",
+            "{b} × {seq} tokens × {} ({} layers × 2 × {} kv heads × {} × {kv_eb} B)",
             kib_str(per_token),
             d.text_layers,
             d.text_kv_heads,

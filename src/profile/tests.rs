@@ -268,3 +268,18 @@ fn a_prefill_stage_adds_its_second_copy_of_the_decoder() {
     assert!(row.detail.contains("--prefill-stage on"), "{}", row.detail);
     assert_eq!(staged.total, plain.total + 300 * MIB);
 }
+
+#[test]
+fn an_8bit_kv_cache_halves_the_kv_row_of_a_16bit_profile() {
+    let p = parse(yaml_16gb()).unwrap();
+    let d = ModelDims::lightonocr_2_1b();
+    let plain = budget(&p, &d, 1000 * MIB, Some(16 * GIB));
+    let opts = BudgetOptions {
+        kv_element_bytes: Some(1),
+        ..BudgetOptions::default()
+    };
+    let small = budget_with(&p, &d, 1000 * MIB, Some(16 * GIB), opts);
+    assert_eq!(small.kv_cache * 2, plain.kv_cache);
+    let row = small.rows.iter().find(|r| r.item == "KV cache").unwrap();
+    assert!(row.detail.ends_with("× 1 B)"), "{}", row.detail);
+}

@@ -23,24 +23,32 @@
 //!   row, which their own next run overwrites before anything reads it. Free slots are handed
 //!   out lowest first, so the active slots stay packed at the front.
 //!
+//! The cache's element type is the graph's (`past_key_values.*` inputs): the activation type,
+//! or an 8-bit type of an export made with `--kv-cache fp8|int8`
+//! (`ocrctl_exporters::kv_cache`), which then holds twice the positions per byte.
+//!
 //! Submodules: `graphs` (CUDA graphs of the decode steps), `outputs` (what a run brings to
-//! the host), `model` (the model's `forward` and decode steps on this path).
+//! the host), `model` (the model's `forward` and decode steps on this path), `view` (slots
+//! bound in place, of any element type).
 //!
 //! ort's `IoBinding::bind_input` copies a tensor made over borrowed memory before binding it
 //! (a safety net for host arrays); for these views that copy would be the whole cache, so the
-//! inputs are bound with ONNX Runtime's C `BindInput` directly ([`bind_input_in_place`]).
+//! inputs are bound with ONNX Runtime's C `BindInput` directly ([`bind_input_in_place`],
+//! [`view::RawView`]).
 
 mod graphs;
 mod model;
 mod outputs;
+mod view;
 
 use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
-use half::f16;
-use ocrctl_exporters::contract::{graph, tensor};
+use ocrctl_exporters::contract::{graph, tensor, Kv};
 use ocrctl_exporters::graph::DType;
 use ort::memory::{Allocator, MemoryInfo};
 use ort::session::{IoBinding, Session};
-use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut};
+use ort::value::{
+    DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut, ValueType,
+};
 use ort::AsPointer;
 use outputs::{rows_out, to_host, Fetch, LastLogits, LogitsAt, TopOut};
 use std::sync::{Arc, Mutex};
@@ -96,7 +104,10 @@ pub(super) struct GqaCache {
     buffers: Arc<KvBuffers>,
     /// Bytes of one slot in one buffer.
     slot_bytes: usize,
+    /// The activation type (of the embeddings a run binds).
     elem: DType,
+    /// The cache's element type (the graph's `past_key_values.*`).
+    cache_ty: TensorElementType,
     kv_heads: usize,
     head_dim: usize,
     pub slots: usize,
@@ -123,8 +134,9 @@ pub(super) struct GqaCache {
 }
 
 impl GqaCache {
-    /// Allocates `tensors` buffers of `slots × max_seq` positions with `decoder`'s allocator
-    /// for `kv_mem`.
+    /// Allocates the `2 × layers` buffers of `slots × max_seq` positions with `decoder`'s
+    /// allocator for `kv_mem`, of the element type of `decoder`'s cache inputs (`elem`, the
+    /// activation type, for graphs that do not say).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         decoder: &Session,
@@ -138,10 +150,19 @@ impl GqaCache {
     ) -> Result<GqaCache, BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         let alloc = Allocator::new(decoder, kv_mem.clone()).map_err(rt)?;
-        let ty = match elem {
-            DType::F16 => TensorElementType::Float16,
-            _ => TensorElementType::Float32,
-        };
+        let past0 = tensor::past(0, Kv::Key);
+        let ty = decoder
+            .inputs()
+            .iter()
+            .find(|i| i.name() == past0)
+            .and_then(|i| match i.dtype() {
+                ValueType::Tensor { ty, .. } => Some(*ty),
+                _ => None,
+            })
+            .unwrap_or(match elem {
+                DType::F16 => TensorElementType::Float16,
+                _ => TensorElementType::Float32,
+            });
         let shape = [
             slots as i64,
             kv_heads as i64,
@@ -159,7 +180,7 @@ impl GqaCache {
                 )
             })?);
         }
-        let elem_bytes = if elem == DType::F16 { 2 } else { 4 };
+        let elem_bytes = ty.byte_size(1).unwrap_or(4);
         let bases = tensors
             .iter_mut()
             .map(|t| t.data_ptr_mut() as usize)
@@ -172,6 +193,7 @@ impl GqaCache {
             buffers,
             slot_bytes: kv_heads * max_seq * head_dim * elem_bytes,
             elem,
+            cache_ty: ty,
             kv_heads,
             head_dim,
             slots,
@@ -179,10 +201,7 @@ impl GqaCache {
             kv_mem,
             taken: Arc::new(Mutex::new(vec![false; slots])),
             lens: vec![0; slots],
-            past_names: tensor::cache_names(layers, false)
-                .into_iter()
-                .map(|n| std::ffi::CString::new(n).expect("no NUL"))
-                .collect(),
+            past_names: cstrings(tensor::cache_names(layers, false)),
             present_names: tensor::cache_names(layers, true),
             has_next_token: decoder
                 .outputs()
@@ -248,6 +267,7 @@ impl GqaCache {
             buffers: self.buffers.clone(),
             slot_bytes: self.slot_bytes,
             elem: self.elem,
+            cache_ty: self.cache_ty,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             slots: self.slots,
@@ -310,23 +330,6 @@ impl GqaCache {
         s: usize,
         want: &[(usize, RowNeed)],
     ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
-        match self.elem {
-            DType::F16 => self.run_typed::<f16>(decoder, host, first, embeds, lens, s, want),
-            _ => self.run_typed::<f32>(decoder, host, first, embeds, lens, s, want),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_typed<T: PrimitiveTensorElementType + std::fmt::Debug + 'static>(
-        &mut self,
-        decoder: &mut Session,
-        host: &MemoryInfo<'static>,
-        first: usize,
-        embeds: DynTensor,
-        lens: &[usize],
-        s: usize,
-        want: &[(usize, RowNeed)],
-    ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         let rows = lens.len();
         assert!(
@@ -350,7 +353,7 @@ impl GqaCache {
             .map_err(rt)?;
         // SAFETY: slots first..first+rows lie inside the buffers (asserted above), which
         // outlive the binding and the run; the views are dropped before this returns.
-        let views = unsafe { self.bind_slots::<T>(&mut b, first, rows) }?;
+        let views = unsafe { self.bind_slots(&mut b, first, rows) }?;
         let fetch = Fetch::plan(want, self.has_next_token, self.has_top);
         let logits_mem = if fetch.full { host } else { &self.kv_mem };
         b.bind_output_to_device(tensor::LOGITS, logits_mem)
@@ -431,13 +434,12 @@ impl GqaCache {
     ///
     /// # Safety
     /// `first + rows <= self.slots`, and the binding must not outlive the buffers.
-    pub(super) unsafe fn bind_slots<T: PrimitiveTensorElementType + std::fmt::Debug + 'static>(
+    pub(super) unsafe fn bind_slots(
         &self,
         b: &mut IoBinding,
         first: usize,
         rows: usize,
-    ) -> Result<Vec<TensorRefMut<'static, T>>, BackendError> {
-        let rt = |e: ort::Error| BackendError::runtime(PART, e);
+    ) -> Result<Vec<view::RawView>, BackendError> {
         let shape = [
             rows as i64,
             self.kv_heads as i64,
@@ -448,13 +450,10 @@ impl GqaCache {
         for j in 0..self.buffers.len() {
             let ptr = self.buffers.at(j, first, self.slot_bytes);
             // SAFETY: the caller's contract; input and output alias on purpose.
-            let view = || unsafe {
-                TensorRefMut::<T>::from_raw(self.kv_mem.clone(), ptr, shape.into()).map_err(rt)
-            };
-            let input = view()?;
-            bind_input_in_place(b, &self.past_names[j], &input)?;
-            b.bind_output(self.present_names[j].as_str(), view()?)
-                .map_err(rt)?;
+            let v = || unsafe { view::RawView::new(&self.kv_mem, ptr, &shape, self.cache_ty) };
+            let input = v()?;
+            input.bind_input(b, &self.past_names[j])?;
+            v()?.bind_output(b, &self.present_names[j])?;
             views.push(input);
         }
         Ok(views)
@@ -512,23 +511,15 @@ fn bind_input_in_place<T: PrimitiveTensorElementType + std::fmt::Debug>(
     name: &std::ffi::CStr,
     value: &TensorRefMut<'_, T>,
 ) -> Result<(), BackendError> {
-    let api = ort::api();
     // SAFETY: both pointers come from live ort objects; ONNX Runtime copies the OrtValue
     // handle (which refers to the caller's memory) into the binding.
-    let status = unsafe { (api.BindInput)(b.ptr_mut(), name.as_ptr(), value.ptr()) };
-    if status.0.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null status is an OrtStatus we own and must release.
-    let msg = unsafe {
-        let m = std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.0))
-            .to_string_lossy()
-            .into_owned();
-        (api.ReleaseStatus)(status.0);
-        m
-    };
-    Err(BackendError::runtime(
-        PART,
-        format!("binding {}: {msg}", name.to_string_lossy()),
-    ))
+    let status = unsafe { (ort::api().BindInput)(b.ptr_mut(), name.as_ptr(), value.ptr()) };
+    view::check(status, &format!("binding {}", name.to_string_lossy()))
+}
+
+fn cstrings(names: Vec<String>) -> Vec<std::ffi::CString> {
+    names
+        .into_iter()
+        .map(|n| std::ffi::CString::new(n).expect("no NUL"))
+        .collect()
 }

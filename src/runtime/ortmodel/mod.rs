@@ -175,6 +175,13 @@ impl OrtModel {
         self.gqa.as_ref().map(|g| (g.slots, g.max_seq))
     }
 
+    /// Bytes of the GQA decoder's KV cache (`None` on the merged decoder): slots × positions
+    /// × layers × 2 × KV heads × head_dim × the graph's cache element size (one byte for an
+    /// `--kv-cache fp8|int8` export).
+    pub fn kv_cache_bytes(&self) -> Option<usize> {
+        self.gqa.as_ref().map(|g| g.bytes())
+    }
+
     /// The execution provider the decoder session got (after any fallback).
     pub fn decoder_provider(&self) -> Provider {
         self.provider

@@ -195,7 +195,7 @@ impl GqaCache {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         // SAFETY: slots 0..rows lie inside the buffers (rows <= slots), which live as long as
         // the cache, and so as long as this binding.
-        let views = unsafe { self.bind_slots::<T>(&mut b.binding, 0, b.rows) }?;
+        let views = unsafe { self.bind_slots(&mut b.binding, 0, b.rows) }?;
         b._past.extend(
             views
                 .into_iter()

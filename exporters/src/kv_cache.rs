@@ -1,0 +1,190 @@
+//! The element type of the GQA decoder's KV cache (`ocrctl export --kv-cache`).
+//!
+//! A decode step at a large batch is bound by reading the KV cache (every layer reads every
+//! row's keys and values once), so a cache of one byte per element makes those steps up to
+//! twice as fast and holds twice the sequences in the same memory. ONNX Runtime's
+//! `GroupQueryAttention` takes an 8-bit cache (`T_CACHE` int8 or float8e4m3fn, attributes
+//! `k_quant_type`/`v_quant_type`/`kv_cache_bit_width`, inputs `k_scale`/`v_scale`); checked
+//! against its CUDA kernel (`contrib_ops/cuda/bert/group_query_attention.cc`) and measured on
+//! the H200 with `scripts/gpu_kv_quant_probe.py`:
+//!
+//! - A decode step reads the quantized cache without dequantizing it only through XQA, and
+//!   XQA's 8-bit path takes 4, 8, 16 or 32 query heads per KV head, one scale per tensor, and
+//!   the *same* scale tensor for keys and values. LightOnOCR has 2 query heads per KV head:
+//!   with 2 the kernel falls back to dequantizing the whole cache every step (measured: 3.4 ms
+//!   per layer at batch 256 against 0.72 ms for fp16). So the query heads are padded to the
+//!   next group XQA takes ([`xqa_group`]): zero queries added in each group, their outputs
+//!   dropped. A decode step's attention is bound by the cache, not by the queries, and the
+//!   padding costs nothing there (batch 256, 2 700 positions: 0.37 ms per layer for fp8 or
+//!   int8 with padding, 0.67–0.72 ms for fp16 with or without). A prompt's attention (flash,
+//!   on the new keys before they are quantized) does twice the work for its padded heads.
+//! - `fp8` (E4M3, SM 8.9 and later: Ada, Hopper, Blackwell) keeps 3 mantissa bits over a wide
+//!   range, so one scale of 1.0 serves keys and values of any layer, like vLLM's
+//!   `--kv-cache-dtype fp8` without calibration: relative error per element ≤ 1/16.
+//! - `int8` (any GPU XQA runs on, and ONNX Runtime's CPU provider) has 255 even levels over
+//!   ±127·scale: keys and values beyond that are clipped. One scale must fit both, so it
+//!   needs a measured range; `--kv-scale` is required.
+//!
+//! The cache type is part of the graph (its `past_key_values.*` inputs' type); the runtime
+//! reads it from there and allocates the cache to match.
+
+use crate::graph::DType;
+use crate::ExportError;
+use serde::{Deserialize, Serialize};
+
+/// The GQA decoder's KV cache element type.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase", tag = "type")]
+pub enum KvCache {
+    /// The graph's activation type (float16 for fp16 graphs): exact.
+    #[default]
+    Activation,
+    /// float8 E4M3, value = stored × `scale`.
+    Fp8 { scale: f32 },
+    /// int8, value = stored × `scale`.
+    Int8 { scale: f32 },
+}
+
+/// The scale `--kv-cache fp8` uses without `--kv-scale`.
+pub const FP8_DEFAULT_SCALE: f32 = 1.0;
+
+impl KvCache {
+    /// Parses `--kv-cache` (`auto`, `fp8`, `int8`) with `--kv-scale`.
+    pub fn parse(kind: &str, scale: Option<f32>) -> Result<KvCache, ExportError> {
+        if let Some(s) = scale {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(ExportError::Invalid(format!(
+                    "--kv-scale must be a positive number, got {s}"
+                )));
+            }
+        }
+        match kind.trim() {
+            "auto" | "fp16" | "activation" => match scale {
+                None => Ok(KvCache::Activation),
+                Some(_) => Err(ExportError::Invalid(
+                    "--kv-scale applies to --kv-cache fp8 or int8 only".into(),
+                )),
+            },
+            "fp8" => Ok(KvCache::Fp8 {
+                scale: scale.unwrap_or(FP8_DEFAULT_SCALE),
+            }),
+            "int8" => match scale {
+                Some(scale) => Ok(KvCache::Int8 { scale }),
+                None => Err(ExportError::Invalid(
+                    "--kv-cache int8 needs --kv-scale: one scale per tensor (keys and values \
+                     share it) clips everything beyond ±127 × scale, so it must come from a \
+                     measured range; --kv-cache fp8 needs none"
+                        .into(),
+                )),
+            },
+            other => Err(ExportError::Invalid(format!(
+                "unknown --kv-cache `{other}` (expected auto, fp8 or int8)"
+            ))),
+        }
+    }
+
+    /// The stored element type, for graphs whose activations are `act`.
+    pub fn dtype(self, act: DType) -> DType {
+        match self {
+            KvCache::Activation => act,
+            KvCache::Fp8 { .. } => DType::F8E4M3,
+            KvCache::Int8 { .. } => DType::I8,
+        }
+    }
+
+    /// The quantization scale (`None`: not quantized).
+    pub fn scale(self) -> Option<f32> {
+        match self {
+            KvCache::Activation => None,
+            KvCache::Fp8 { scale } | KvCache::Int8 { scale } => Some(scale),
+        }
+    }
+
+    /// `auto`, `fp8` or `int8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCache::Activation => "auto",
+            KvCache::Fp8 { .. } => "fp8",
+            KvCache::Int8 { .. } => "int8",
+        }
+    }
+
+    /// Query heads per KV head in the graph's attention node: the model's `group`, or for a
+    /// quantized cache the group XQA takes ([`xqa_group`]).
+    pub fn attention_group(self, group: usize) -> Result<usize, ExportError> {
+        match self {
+            KvCache::Activation => Ok(group),
+            _ => xqa_group(group).ok_or_else(|| {
+                ExportError::Invalid(format!(
+                    "--kv-cache {}: the model has {group} query heads per KV head; ONNX \
+                     Runtime's 8-bit cache kernel takes at most 32",
+                    self.name()
+                ))
+            }),
+        }
+    }
+}
+
+/// How the GQA decoder stores its cache and lays out its query heads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GqaLayout {
+    pub kv: KvCache,
+    /// Pads the query heads as an 8-bit cache does whatever the cache type (with the
+    /// activation type's cache this checks the padding alone, exactly: tests).
+    pub pad_query_heads: bool,
+}
+
+impl GqaLayout {
+    /// Query heads per KV head in the attention node for a model of `group`.
+    pub fn attention_group(self, group: usize) -> Result<usize, ExportError> {
+        match self.pad_query_heads {
+            true => KvCache::Fp8 { scale: 1.0 }.attention_group(group),
+            false => self.kv.attention_group(group),
+        }
+    }
+}
+
+/// The smallest number of query heads per KV head that XQA's 8-bit path takes (4, 8, 16,
+/// 32) and that holds `group`; `None` past 32.
+pub fn xqa_group(group: usize) -> Option<usize> {
+    [4, 8, 16, 32].into_iter().find(|&g| g >= group.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_round_up_to_what_xqa_takes() {
+        assert_eq!(xqa_group(1), Some(4));
+        assert_eq!(xqa_group(2), Some(4));
+        assert_eq!(xqa_group(4), Some(4));
+        assert_eq!(xqa_group(5), Some(8));
+        assert_eq!(xqa_group(32), Some(32));
+        assert_eq!(xqa_group(33), None);
+        assert_eq!(KvCache::Activation.attention_group(2).unwrap(), 2);
+        assert_eq!(KvCache::Fp8 { scale: 1.0 }.attention_group(2).unwrap(), 4);
+        assert!(KvCache::Fp8 { scale: 1.0 }.attention_group(40).is_err());
+    }
+
+    #[test]
+    fn parse_names_what_is_wrong() {
+        assert_eq!(KvCache::parse("auto", None).unwrap(), KvCache::Activation);
+        assert_eq!(
+            KvCache::parse("fp8", None).unwrap(),
+            KvCache::Fp8 { scale: 1.0 }
+        );
+        assert_eq!(
+            KvCache::parse("int8", Some(0.05)).unwrap(),
+            KvCache::Int8 { scale: 0.05 }
+        );
+        let err = |k, s| KvCache::parse(k, s).unwrap_err().to_string();
+        assert!(err("int8", None).contains("--kv-scale"));
+        assert!(err("fp4", None).contains("fp4"));
+        assert!(err("fp8", Some(0.0)).contains("--kv-scale"));
+        assert!(err("fp8", Some(f32::NAN)).contains("--kv-scale"));
+        assert!(err("auto", Some(1.0)).contains("--kv-scale"));
+        assert_eq!(KvCache::Fp8 { scale: 1.0 }.dtype(DType::F16), DType::F8E4M3);
+        assert_eq!(KvCache::Activation.dtype(DType::F16), DType::F16);
+    }
+}
