@@ -572,18 +572,7 @@ fn onnx_runtime_errors_are_printed_once_without_colour() {
 fn kv_cache_flags_that_cannot_work_are_named() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("o");
-    let ck = checkpoint();
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "export",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        ocrctl_err(&args)
-    };
+    let run = |extra: &[&str]| export_fixture_err(&out, extra);
     let e = run(&["--kv-cache", "int8"]);
     assert!(e.contains("--kv-scale"), "{e}");
     let e = run(&["--kv-cache", "fp4"]);

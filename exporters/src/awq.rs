@@ -301,26 +301,12 @@ mod tests {
 
     #[test]
     fn wrapped_weights_keep_the_product() {
-        struct W;
-        impl Weights for W {
-            fn get(&self, _: &str, shape: &[usize]) -> Result<Vec<f32>, ExportError> {
-                Ok((0..shape.iter().product::<usize>())
-                    .map(|i| i as f32 + 1.0)
-                    .collect())
-            }
-            fn contains(&self, _: &str) -> bool {
-                true
-            }
-            fn source_dtype(&self) -> String {
-                "test".into()
-            }
-        }
         let s = vec![2.0f32, 0.5];
         let mut plan = AwqPlan::default();
         plan.col_scale.insert("lin".into(), s.clone());
         plan.norm_div.insert("norm".into(), s.clone());
         let a = AwqWeights {
-            inner: &W,
+            inner: &crate::checkpoint::CountingWeights,
             plan: &plan,
         };
         let norm = a.get("norm", &[2]).unwrap();

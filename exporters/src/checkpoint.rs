@@ -221,6 +221,25 @@ impl Weights for Checkpoint {
     }
 }
 
+/// Test weights whose every value is its own index + 1, of any requested shape.
+#[cfg(test)]
+pub(crate) struct CountingWeights;
+
+#[cfg(test)]
+impl Weights for CountingWeights {
+    fn get(&self, _: &str, shape: &[usize]) -> Result<Vec<f32>, ExportError> {
+        Ok((0..shape.iter().product::<usize>())
+            .map(|i| i as f32 + 1.0)
+            .collect())
+    }
+    fn contains(&self, _: &str) -> bool {
+        true
+    }
+    fn source_dtype(&self) -> String {
+        "test".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,10 @@
 //! step may have different lengths (`seqlens_k` per row); a prompt of S > 1 tokens runs with
 //! B = 1 (ONNX Runtime refuses S > 1 with B > 1 once any row has a past). Positions are
 //! `len..len+S`, i.e. a sequence is right-aligned at row 0 of its cache: no padding at all.
+//! With `--kv-cache fp8|int8` ([`crate::kv_cache`]) the cache inputs and outputs are 8-bit,
+//! each GQA node gets the per-tensor scale (`k_scale` = `v_scale`, one tensor) and the
+//! quantization attributes, and the query heads are padded in the weights ([`PaddedHeads`])
+//! to the group ONNX Runtime's 8-bit decode kernel takes.
 //! Ports transformers' `qwen3/modeling_qwen3.py` like [`crate::decoder`].
 
 use crate::checkpoint::Weights;
@@ -341,27 +345,11 @@ mod tests {
         assert!((sin[16] - 2f32.sin()).abs() < 1e-7);
     }
 
-    /// Weights whose every value is its own index (+1), of any requested shape.
-    struct Counting;
-    impl Weights for Counting {
-        fn get(&self, _: &str, shape: &[usize]) -> Result<Vec<f32>, ExportError> {
-            Ok((0..shape.iter().product::<usize>())
-                .map(|i| i as f32 + 1.0)
-                .collect())
-        }
-        fn contains(&self, _: &str) -> bool {
-            true
-        }
-        fn source_dtype(&self) -> String {
-            "float32".into()
-        }
-    }
-
     #[test]
     fn padded_heads_move_to_their_group_slots() {
         // 4 model heads over 2 KV heads (group 2) padded to 4 per group; head_dim 2, in 3.
         let w = PaddedHeads {
-            inner: &Counting,
+            inner: &crate::checkpoint::CountingWeights,
             group: 2,
             padded: 4,
             head_dim: 2,

@@ -220,7 +220,8 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
         // With TensorRT listed, its attention fusion is assumed (and noted when it matters).
         vision_attention_fused: p.has_tensorrt()
             || vision_attention_fused_in(&manifest, p.precision),
-        // An 8-bit GQA cache (`--kv-cache fp8|int8`) holds one byte per element.
+        // An 8-bit GQA cache (`--kv-cache fp8|int8`) holds one byte per element (the runner
+        // prefers the GQA decoder; a merged decoder of the same export keeps 16/32 bits).
         kv_element_bytes: (manifest.kv_cache != KvCache::Activation).then_some(1),
         ..BudgetOptions::default()
     };

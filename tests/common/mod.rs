@@ -47,6 +47,17 @@ pub fn ocrctl_err(args: &[&str]) -> String {
 
 /// Exports the fixture checkpoint to `out` with extra `ocrctl export` flags.
 pub fn export_fixture(out: &Path, extra: &[&str]) {
+    with_export_args(out, extra, |args| {
+        ocrctl_ok(args);
+    });
+}
+
+/// Exports the fixture checkpoint to `out` with extra flags, requiring failure; returns stderr.
+pub fn export_fixture_err(out: &Path, extra: &[&str]) -> String {
+    with_export_args(out, extra, ocrctl_err)
+}
+
+fn with_export_args<R>(out: &Path, extra: &[&str], f: impl FnOnce(&[&str]) -> R) -> R {
     let ck = checkpoint();
     let mut args = vec![
         "export",
@@ -56,7 +67,7 @@ pub fn export_fixture(out: &Path, extra: &[&str]) {
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    ocrctl_ok(&args);
+    f(&args)
 }
 
 /// Whether a test that needs an optional tool (one `scripts/setup.sh --test` installs) should
