@@ -26,7 +26,7 @@
 //! `len..len+S`, i.e. a sequence is right-aligned at row 0 of its cache: no padding at all.
 //! With `--kv-cache fp8|int8` ([`crate::kv_cache`]) the cache inputs and outputs are 8-bit,
 //! each GQA node gets the per-tensor scale (`k_scale` = `v_scale`, one tensor) and the
-//! quantization attributes, and the query heads are padded in the weights ([`PaddedHeads`])
+//! quantization attributes, and the query heads are padded in the weights (`PaddedHeads`)
 //! to the group ONNX Runtime's 8-bit decode kernel takes.
 //! Ports transformers' `qwen3/modeling_qwen3.py` like [`crate::decoder`].
 
