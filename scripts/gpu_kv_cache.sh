@@ -9,8 +9,12 @@
 #            step where they differ, and the largest top-5 |Δlogprob|).
 #   sweep    the dummy full-size model (fp16 graphs, GQA, CUDA graphs on, A4, NEW_TOKENS):
 #            the fp16 cache at FP16_BATCHES, the fp8 cache at FP8_BATCHES, in one call.
+#   diagnose the fp8 export's stall (docs/benchmarks/2026-12-03-kv-cache/): short benches
+#            (64 tokens, batches 1 and 8) with CUDA graphs, the vision stage and the prefill
+#            stage each on or off, every one under a 90 s limit and ONNX Runtime's own log
+#            (OCRCTL_ORT_LOG=info); prints each setting's exit status (124: stalled).
 # Needs ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst, carried as for scripts/gpu_ab.sh.
-# Knobs: STEP (probe fixture sweep), INT8_SCALE (0.1), FP16_BATCHES (1,256),
+# Knobs: STEP (probe fixture sweep; diagnose on request), INT8_SCALE (0.1), FP16_BATCHES (1,256),
 # FP8_BATCHES (1,128,256,512), NEW_TOKENS (1024).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -19,6 +23,11 @@ results_dir
 # An 8-bit cache loads on a GPU only with this (experimental, see src/runtime/ortmodel/load.rs).
 export OCRCTL_EXPERIMENTAL_KV8=1
 FX=tests/fixtures/tiny-lightonocr
+# The dummy full-size model with an fp8 cache in /tmp/dummy-fp8, once per machine.
+export_fp8() {
+  [ -d /tmp/dummy-fp8 ] || $BIN export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-fp8 \
+    --precision fp16 --decoder gqa --kv-cache fp8 >/dev/null 2>&1 || echo "export fp8 FAILED"
+}
 for step in ${STEP:-probe fixture sweep}; do
   echo "=== $step"
   case $step in
@@ -44,10 +53,21 @@ for step in ${STEP:-probe fixture sweep}; do
       done
     done
     ;;
+  diagnose)
+    export_fp8
+    for cfg in "off off off" "on off off" "off on off" "off off on" "on on on"; do
+      set -- $cfg
+      name=graphs-$1-vision-$2-prefill-$3
+      OCRCTL_ORT_LOG=info timeout 90 $BIN bench --model /tmp/dummy-fp8 --precision fp16 \
+        --decoder gqa --providers cuda --strict-providers --cuda-graphs $1 --vision-stage $2 \
+        --prefill-stage $3 --sizes 1092x1540 --new-tokens 64 --runs 1 --batch-sizes 1,8 \
+        > "$R/diagnose-$name.txt" 2>&1
+      echo "$name: exit $?" | tee -a "$R/diagnose.txt"
+    done
+    ;;
   sweep)
     export_with b "$BIN"
-    [ -d /tmp/dummy-fp8 ] || $BIN export --checkpoint dummy:lightonocr-2-1b --out /tmp/dummy-fp8 \
-      --precision fp16 --decoder gqa --kv-cache fp8 >/dev/null 2>&1 || echo "export fp8 FAILED"
+    export_fp8
     BATCHES=${FP16_BATCHES:-1,256} sweep fp16-cache "$BIN" /tmp/dummy-b
     BATCHES=${FP8_BATCHES:-1,128,256,512} sweep fp8-cache "$BIN" /tmp/dummy-fp8
     ;;
