@@ -221,6 +221,18 @@ impl GqaCache {
         })
     }
 
+    /// The cache's element type, as ONNX names it (`float16`, `float8e4m3fn`, `int8`, …).
+    pub fn element_name(&self) -> &'static str {
+        match self.cache_ty {
+            TensorElementType::Float32 => "float32",
+            TensorElementType::Float16 => "float16",
+            TensorElementType::Bfloat16 => "bfloat16",
+            TensorElementType::Float8E4M3FN => "float8e4m3fn",
+            TensorElementType::Int8 => "int8",
+            _ => "other",
+        }
+    }
+
     /// Bytes the buffers take.
     pub fn bytes(&self) -> usize {
         self.buffers.len() * self.slots * self.slot_bytes

@@ -156,10 +156,11 @@ impl OrtModel {
                     }
                 }
                 tracing::info!(
-                    "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB) in {} memory",
+                    "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB, {}) in {} memory",
                     cache.slots,
                     cache.max_seq,
                     cache.bytes() as f64 / (1u64 << 30) as f64,
+                    cache.element_name(),
                     placement.kv.allocation_device().as_str()
                 );
                 Some(cache)
