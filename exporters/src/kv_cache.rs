@@ -108,21 +108,6 @@ impl KvCache {
             KvCache::Int8 { .. } => "int8",
         }
     }
-
-    /// Query heads per KV head in the graph's attention node: the model's `group`, or for a
-    /// quantized cache the group XQA takes ([`xqa_group`]).
-    pub fn attention_group(self, group: usize) -> Result<usize, ExportError> {
-        match self {
-            KvCache::Activation => Ok(group),
-            _ => xqa_group(group).ok_or_else(|| {
-                ExportError::Invalid(format!(
-                    "--kv-cache {}: the model has {group} query heads per KV head; ONNX \
-                     Runtime's 8-bit cache kernel takes at most 32",
-                    self.name()
-                ))
-            }),
-        }
-    }
 }
 
 /// How the GQA decoder stores its cache and lays out its query heads.
@@ -135,12 +120,19 @@ pub struct GqaLayout {
 }
 
 impl GqaLayout {
-    /// Query heads per KV head in the attention node for a model of `group`.
+    /// Query heads per KV head in the attention node for a model of `group`: `group`, or
+    /// for an 8-bit cache (or `pad_query_heads`) the group XQA takes ([`xqa_group`]).
     pub fn attention_group(self, group: usize) -> Result<usize, ExportError> {
-        match self.pad_query_heads {
-            true => KvCache::Fp8 { scale: 1.0 }.attention_group(group),
-            false => self.kv.attention_group(group),
+        if self.kv == KvCache::Activation && !self.pad_query_heads {
+            return Ok(group);
         }
+        xqa_group(group).ok_or_else(|| {
+            ExportError::Invalid(format!(
+                "--kv-cache {}: the model has {group} query heads per KV head; ONNX Runtime's \
+                 8-bit cache kernel takes at most 32",
+                self.kv.name()
+            ))
+        })
     }
 }
 
@@ -162,9 +154,30 @@ mod tests {
         assert_eq!(xqa_group(5), Some(8));
         assert_eq!(xqa_group(32), Some(32));
         assert_eq!(xqa_group(33), None);
-        assert_eq!(KvCache::Activation.attention_group(2).unwrap(), 2);
-        assert_eq!(KvCache::Fp8 { scale: 1.0 }.attention_group(2).unwrap(), 4);
-        assert!(KvCache::Fp8 { scale: 1.0 }.attention_group(40).is_err());
+        let layout = |kv, pad_query_heads| GqaLayout {
+            kv,
+            pad_query_heads,
+        };
+        let fp8 = KvCache::Fp8 { scale: 1.0 };
+        assert_eq!(
+            layout(KvCache::Activation, false)
+                .attention_group(2)
+                .unwrap(),
+            2
+        );
+        assert_eq!(
+            layout(KvCache::Activation, true)
+                .attention_group(2)
+                .unwrap(),
+            4
+        );
+        assert_eq!(layout(fp8, false).attention_group(2).unwrap(), 4);
+        assert_eq!(layout(fp8, false).attention_group(8).unwrap(), 8);
+        let e = layout(fp8, false)
+            .attention_group(40)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--kv-cache fp8") && e.contains("40"), "{e}");
     }
 
     #[test]

@@ -150,19 +150,7 @@ impl GqaCache {
     ) -> Result<GqaCache, BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         let alloc = Allocator::new(decoder, kv_mem.clone()).map_err(rt)?;
-        let past0 = tensor::past(0, Kv::Key);
-        let ty = decoder
-            .inputs()
-            .iter()
-            .find(|i| i.name() == past0)
-            .and_then(|i| match i.dtype() {
-                ValueType::Tensor { ty, .. } => Some(*ty),
-                _ => None,
-            })
-            .unwrap_or(match elem {
-                DType::F16 => TensorElementType::Float16,
-                _ => TensorElementType::Float32,
-            });
+        let ty = cache_element_type(decoder, elem);
         let shape = [
             slots as i64,
             kv_heads as i64,
@@ -221,16 +209,9 @@ impl GqaCache {
         })
     }
 
-    /// The cache's element type, as ONNX names it (`float16`, `float8e4m3fn`, `int8`, …).
-    pub fn element_name(&self) -> &'static str {
-        match self.cache_ty {
-            TensorElementType::Float32 => "float32",
-            TensorElementType::Float16 => "float16",
-            TensorElementType::Bfloat16 => "bfloat16",
-            TensorElementType::Float8E4M3FN => "float8e4m3fn",
-            TensorElementType::Int8 => "int8",
-            _ => "other",
-        }
+    /// The cache's element type.
+    pub fn element_type(&self) -> TensorElementType {
+        self.cache_ty
     }
 
     /// Bytes the buffers take.
@@ -527,6 +508,22 @@ fn bind_input_in_place<T: PrimitiveTensorElementType + std::fmt::Debug>(
     // handle (which refers to the caller's memory) into the binding.
     let status = unsafe { (ort::api().BindInput)(b.ptr_mut(), name.as_ptr(), value.ptr()) };
     view::check(status, &format!("binding {}", name.to_string_lossy()))
+}
+
+/// The element type of `decoder`'s KV cache inputs (`past_key_values.0.key`): the activation
+/// type `elem`, or an 8-bit type for an `--kv-cache fp8|int8` export. Graphs that do not say
+/// get `elem`'s.
+pub(super) fn cache_element_type(decoder: &Session, elem: DType) -> TensorElementType {
+    let past0 = tensor::past(0, Kv::Key);
+    decoder
+        .inputs()
+        .iter()
+        .find(|i| i.name() == past0)
+        .and_then(|i| match i.dtype() {
+            ValueType::Tensor { ty, .. } => Some(*ty),
+            _ => None,
+        })
+        .unwrap_or(super::tensors::element_type(elem))
 }
 
 fn cstrings(names: Vec<String>) -> Vec<std::ffi::CString> {

@@ -3,7 +3,7 @@
 //! stages' sessions, as the [`LoadOptions`] ask.
 
 use super::*;
-use ocrctl_exporters::kv_cache::KvCache;
+use ort::value::TensorElementType;
 
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
@@ -110,7 +110,7 @@ impl OrtModel {
             DecoderVariant::Gqa => {
                 let gpu_kv8 = std::env::var(EXPERIMENTAL_KV8).ok();
                 kv8_gate(
-                    manifest.kv_cache,
+                    gqa::cache_element_type(&decoder.session, act),
                     decoder.provider.is_gpu(),
                     gpu_kv8.as_deref(),
                 )
@@ -156,11 +156,11 @@ impl OrtModel {
                     }
                 }
                 tracing::info!(
-                    "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB, {}) in {} memory",
+                    "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB, {:?}) in {} memory",
                     cache.slots,
                     cache.max_seq,
                     cache.bytes() as f64 / (1u64 << 30) as f64,
-                    cache.element_name(),
+                    cache.element_type(),
                     placement.kv.allocation_device().as_str()
                 );
                 Some(cache)
@@ -224,22 +224,21 @@ impl OrtModel {
 /// The variable that lets a GPU load an export with an 8-bit KV cache.
 pub const EXPERIMENTAL_KV8: &str = "OCRCTL_EXPERIMENTAL_KV8";
 
-/// Whether an export with KV cache `kv` may load on a GPU (`gpu`) given
-/// [`EXPERIMENTAL_KV8`]'s value. An 8-bit cache is experimental there: on the H200 its
+/// Whether a GQA decoder whose cache inputs are of type `cache` may load on a GPU (`gpu`)
+/// given [`EXPERIMENTAL_KV8`]'s value (an 8-bit type needs it set to `1`). An 8-bit cache is experimental there: on the H200 its
 /// decode steps are faster and the fixture's ids equal the reference's, but one full-size
 /// benchmark did not finish and one fixture run lost a page to a CUDA stream-capture error,
 /// neither explained yet (docs/benchmarks/2026-12-03-kv-cache/). ONNX Runtime's CPU provider
 /// runs it (int8) as tested in CI.
-fn kv8_gate(kv: KvCache, gpu: bool, var: Option<&str>) -> Result<(), String> {
-    if kv == KvCache::Activation || !gpu || var == Some("1") {
+fn kv8_gate(cache: TensorElementType, gpu: bool, var: Option<&str>) -> Result<(), String> {
+    if cache.byte_size(1) != Some(1) || !gpu || var == Some("1") {
         return Ok(());
     }
     Err(format!(
-        "this export has an 8-bit KV cache (--kv-cache {}), experimental on GPUs: one full-size \
-         benchmark on the H200 did not finish and one run lost a page to a CUDA stream-capture \
-         error, not explained yet. Set {EXPERIMENTAL_KV8}=1 to load it anyway, or export with \
-         --kv-cache auto",
-        kv.name()
+        "this export has an 8-bit KV cache ({cache:?}, --kv-cache fp8|int8), experimental on \
+         GPUs: one full-size benchmark on the H200 did not finish and one run lost a page to a \
+         CUDA stream-capture error, not explained yet. Set {EXPERIMENTAL_KV8}=1 to load it \
+         anyway, or export with --kv-cache auto"
     ))
 }
 
@@ -249,15 +248,17 @@ mod tests {
 
     #[test]
     fn an_8bit_cache_needs_the_variable_on_gpus_only() {
-        let fp8 = KvCache::Fp8 { scale: 1.0 };
-        assert!(kv8_gate(KvCache::Activation, true, None).is_ok());
+        let fp8 = TensorElementType::Float8E4M3FN;
+        assert!(kv8_gate(TensorElementType::Float16, true, None).is_ok());
+        assert!(kv8_gate(TensorElementType::Float32, true, None).is_ok());
         assert!(kv8_gate(fp8, false, None).is_ok());
         assert!(kv8_gate(fp8, true, Some("1")).is_ok());
         let e = kv8_gate(fp8, true, None).unwrap_err();
         assert!(
-            e.contains(EXPERIMENTAL_KV8) && e.contains("--kv-cache fp8"),
+            e.contains(EXPERIMENTAL_KV8) && e.contains("--kv-cache"),
             "{e}"
         );
         assert!(kv8_gate(fp8, true, Some("yes")).is_err());
+        assert!(kv8_gate(TensorElementType::Int8, true, None).is_err());
     }
 }

@@ -4,8 +4,8 @@
 //! the export's `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return
 //! float16 tensors; conversion happens here so generation always sees float32.
 //!
-//! Submodules: `load` ([`OrtModel::load`]), `session` (sessions with provider fallback, the file digests checked before a
-//! load), `tensors` (value helpers), `gqa` (the GQA decoder's slot cache, updated in place),
+//! Submodules: `load` ([`OrtModel::load`]), `session` (sessions with provider fallback, the
+//! file digests checked before a load), `tensors` (value helpers), `gqa` (the GQA decoder's slot cache, updated in place),
 //! `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack` (the same
 //! repacking in the execution provider's memory with a small ONNX graph), `batch` (decoder
 //! inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the

@@ -113,10 +113,7 @@ impl Repacker {
         };
         let session = build().map_err(|e| e.to_string())?;
         let alloc = Allocator::new(alloc_from, kv.clone()).map_err(|e| e.to_string())?;
-        let elem = match act {
-            DType::F16 => TensorElementType::Float16,
-            _ => TensorElementType::Float32,
-        };
+        let elem = super::tensors::element_type(act);
         Ok(Repacker {
             session,
             alloc,

@@ -9,6 +9,14 @@ use ort::memory::AllocationDevice;
 use ort::value::{DynTensor, DynTensorValueType, DynValue, Tensor, TensorValueTypeMarker, Value};
 use std::borrow::Cow;
 
+/// ONNX Runtime's element type for the activation type `act` (float16, else float32).
+pub(super) fn element_type(act: DType) -> ort::value::TensorElementType {
+    match act {
+        DType::F16 => ort::value::TensorElementType::Float16,
+        _ => ort::value::TensorElementType::Float32,
+    }
+}
+
 /// A float tensor of the graph's activation type (`act`) from f32 data.
 pub(super) fn float_tensor(
     act: DType,

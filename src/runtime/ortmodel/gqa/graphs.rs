@@ -37,7 +37,7 @@ use ocrctl_exporters::contract::tensor;
 use ocrctl_exporters::graph::DType;
 use ort::memory::Allocator;
 use ort::session::{IoBinding, NoSelectedOutputs, RunOptions, Session};
-use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut};
+use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor, TensorRefMut};
 
 /// Runs of each bucket at load: two regular runs, the capturing one, and one replay (ONNX
 /// Runtime's CUDA provider captures a graph id once it has run `min_num_runs_before_
@@ -114,10 +114,7 @@ impl GqaCache {
         self.no_graph = Some(no_graph);
         let alloc = Allocator::new(decoder, self.kv_mem.clone()).map_err(rt)?;
         let host = Allocator::default();
-        let act = match self.elem {
-            DType::F16 => TensorElementType::Float16,
-            _ => TensorElementType::Float32,
-        };
+        let act = crate::runtime::ortmodel::tensors::element_type(self.elem);
         let mut buckets = Vec::new();
         for (i, rows) in bucket_sizes(self.slots).into_iter().enumerate() {
             let mut opts = RunOptions::new().map_err(rt)?;
