@@ -9,10 +9,11 @@
 #            step where they differ, and the largest top-5 |Δlogprob|).
 #   sweep    the dummy full-size model (fp16 graphs, GQA, CUDA graphs on, A4, NEW_TOKENS):
 #            the fp16 cache at FP16_BATCHES, the fp8 cache at FP8_BATCHES, in one call.
-#   diagnose the fp8 export's stall (docs/benchmarks/2026-12-03-kv-cache/): short benches
-#            (64 tokens, batches 1 and 8) with CUDA graphs, the vision stage and the prefill
-#            stage each on or off, every one under a 90 s limit and ONNX Runtime's own log
-#            (OCRCTL_ORT_LOG=info); prints each setting's exit status (124: stalled).
+#   diagnose the fp8 sweep (FP8_BATCHES, 1,256 here) watched: bench's progress lines, the
+#            GPU's utilization every 10 s, and past WATCH_S (240) seconds each thread's wait
+#            channel before it is stopped (docs/benchmarks/2026-12-03-kv-cache/).
+#   graphs   the probe's node with its decode steps in a CUDA graph, and the fp8 export's
+#            batch-256 steps with CUDA graphs off and on (NEW_TOKENS 64).
 # Needs ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst, carried as for scripts/gpu_ab.sh.
 # Knobs: STEP (probe fixture sweep; diagnose on request), INT8_SCALE (0.1), FP16_BATCHES (1,256),
 # FP8_BATCHES (1,128,256,512), NEW_TOKENS (1024).
@@ -54,15 +55,45 @@ for step in ${STEP:-probe fixture sweep}; do
     done
     ;;
   diagnose)
+    # The fp8 sweep under a watch: bench logs each phase as it ends; every 10 s the GPU's
+    # utilization and memory; past WATCH_S (240) seconds the threads' kernel wait channels
+    # (a host-side wait reads futex_wait with an idle GPU; a spinning kernel keeps the GPU
+    # at 100 %), then the run is stopped.
+    t0=$(date +%s); export_fp8; echo "fp8 export: $(( $(date +%s) - t0 )) s"
+    t0=$(date +%s)
+    BATCHES=${FP8_BATCHES:-1,256} sweep fp8-cache "$BIN" /tmp/dummy-fp8 &
+    wpid=$!
+    while kill -0 $wpid 2>/dev/null; do
+      sleep 10
+      el=$(( $(date +%s) - t0 ))
+      echo "$el s: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)" \
+        >> "$R/diagnose-gpu.txt"
+      if [ $el -gt "${WATCH_S:-240}" ]; then
+        pid=$(pgrep -f "dummy-fp8 --precision" | head -1)
+        for t in /proc/$pid/task/*; do
+          echo "$(cat $t/comm) $(cat $t/wchan) $(cut -d' ' -f3 $t/stat)"
+        done | sort | uniq -c > "$R/diagnose-threads.txt"
+        kill $pid; echo "stopped after $el s" >> "$R/diagnose-gpu.txt"
+        break
+      fi
+    done
+    wait $wpid
+    echo "fp8 sweep: $(( $(date +%s) - t0 )) s"; tail -3 "$R/diagnose-gpu.txt"
+    cat "$R/diagnose-threads.txt" 2>/dev/null
+    grep "bench " "$R/sweep-fp8-cache.txt"
+    ;;
+  graphs)
+    # Does a CUDA graph capture change the attention kernel of an 8-bit cache? The probe's
+    # node with its decode steps captured (GRAPH=1), then the fp8 export's short sweep at
+    # batch 256 with CUDA graphs off and on (NEW_TOKENS 64 here).
+    GRAPH=1 CTX=2173 PYTHONPATH=/opt/ortgpu python3 scripts/gpu_kv_quant_probe.py 1,256 2>&1 \
+      | grep -v Warning | tee "$R/probe-graph.txt"
     export_fp8
-    for cfg in "off off off" "on off off" "off on off" "off off on" "on on on"; do
-      set -- $cfg
-      name=graphs-$1-vision-$2-prefill-$3
-      OCRCTL_ORT_LOG=info timeout 90 $BIN bench --model /tmp/dummy-fp8 --precision fp16 \
-        --decoder gqa --providers cuda --strict-providers --cuda-graphs $1 --vision-stage $2 \
-        --prefill-stage $3 --sizes 1092x1540 --new-tokens 64 --runs 1 --batch-sizes 1,8 \
-        > "$R/diagnose-$name.txt" 2>&1
-      echo "$name: exit $?" | tee -a "$R/diagnose.txt"
+    for g in off on; do
+      $BIN bench --model /tmp/dummy-fp8 --precision fp16 --decoder gqa --providers cuda \
+        --strict-providers --cuda-graphs $g --sizes 1092x1540 --new-tokens "${NEW_TOKENS:-64}" \
+        --runs 1 --batch-sizes 256 > "$R/graphs-$g.txt" 2>&1
+      echo "graphs $g: $(grep 'bench batch' "$R/graphs-$g.txt")"
     done
     ;;
   sweep)

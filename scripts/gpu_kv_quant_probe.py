@@ -13,6 +13,10 @@ PREFILL_RUNS after the first;
 cache written), then decode steps of one token per row at position CTX, timed (median of
 RUNS), and the decode output compared with the fp16-cache run on the same inputs.
 
+GRAPH=1 runs the decode steps as a captured CUDA graph (`enable_cuda_graph`, the prompt runs
+uncaptured with gpu_graph_id -1 and the steps with id 1, as ocrctl does): the timed runs are
+replays of the third run's capture, which shows the kernel chosen while capturing.
+
 Usage (GPU machine, after scripts/gpu_env.sh): PYTHONPATH=/opt/ortgpu python3
 scripts/gpu_kv_quant_probe.py [B,...] -- prints one line per configuration.
 """
@@ -36,6 +40,15 @@ MAXLEN = CTX + 64
 # PROBE_DEVICE=cpu checks the script itself on a machine without a GPU.
 DEV = __import__("os").environ.get("PROBE_DEVICE", "cuda")
 EP = "CUDAExecutionProvider" if DEV == "cuda" else "CPUExecutionProvider"
+GRAPH = DEV == "cuda" and __import__("os").environ.get("GRAPH") == "1"
+
+
+def run_options(graph_id):
+    """Run options for a captured (graph_id > 0) or an uncaptured run (-1) under GRAPH=1."""
+    ro = ort.RunOptions()
+    if GRAPH:
+        ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return ro
 
 CACHE_TYPES = {"fp16": TensorProto.FLOAT16, "int8": TensorProto.INT8,
                "fp8": TensorProto.FLOAT8E4M3FN}
@@ -110,8 +123,8 @@ def unpad_heads(y, hq):
 def run(b, hq, cache, scale, data):
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(gqa_model(hq, cache, scale), so,
-                                providers=[EP])
+    ep = (EP, {"enable_cuda_graph": "1"}) if GRAPH else EP
+    sess = ort.InferenceSession(gqa_model(hq, cache, scale), so, providers=[ep])
     ct = {"fp16": np.float16, "int8": np.int8}.get(cache)
     shape = [b, HKV, MAXLEN, D]
     if ct is None:
@@ -142,7 +155,7 @@ def run(b, hq, cache, scale, data):
     ptimes = []
     for _ in range(PREFILL_RUNS):
         t = time.perf_counter()
-        sess.run_with_iobinding(io)
+        sess.run_with_iobinding(io, run_options(-1))
         io.synchronize_outputs()
         ptimes.append(time.perf_counter() - t)
     prefill = unpad_heads(io.copy_outputs_to_cpu()[0], hq)
@@ -150,7 +163,7 @@ def run(b, hq, cache, scale, data):
     times = []
     for _ in range(RUNS + 3):
         t = time.perf_counter()
-        sess.run_with_iobinding(io)
+        sess.run_with_iobinding(io, run_options(1))
         io.synchronize_outputs()
         times.append(time.perf_counter() - t)
     decode = unpad_heads(io.copy_outputs_to_cpu()[0], hq)
@@ -160,7 +173,7 @@ def run(b, hq, cache, scale, data):
 
 def main():
     batches = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "1,128,256").split(",")]
-    print("ort", ort.__version__, ort.get_device(), "CTX", CTX)
+    print("ort", ort.__version__, ort.get_device(), "CTX", CTX, "CUDA graph" if GRAPH else "")
     rng = np.random.default_rng(0)
     for b in batches:
         # Unit-scale keys and values; 8 random rows tiled to B (rows are independent, and

@@ -246,6 +246,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             }
         }
         let (v, pr) = (median(&mut vis), median(&mut pf));
+        let d = median(&mut dec);
+        // The table comes at the end; a long sweep reports each phase as it finishes.
+        tracing::info!(
+            "bench {}x{}: vision {v:.1} ms, prefill {pr:.1} ms, decode {d:.0} tokens/s",
+            p.width,
+            p.height
+        );
         rows.push(json!({
             "size": format!("{}x{}", p.width, p.height),
             "image_tokens": p.image_tokens,
@@ -256,7 +263,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             "ttft_ms": v + pr,
             "first_vision_ms": first.0,
             "first_prefill_ms": first.1,
-            "decode_tokens_per_s": median(&mut dec),
+            "decode_tokens_per_s": d,
             "runs": a.runs,
             "gpu_process_mib": row_gpu.process_mib,
         }));
@@ -298,6 +305,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             }
             let dec_s = decode_start.map_or(f64::NAN, |d| d.elapsed().as_secs_f64());
             let g = gpu.poll();
+            tracing::info!(
+                "bench batch {b}: {n} pages in {total:.2} s ({:.3} pages/s, decode {:.0} \
+                 tokens/s)",
+                n as f64 / total,
+                decode_tokens as f64 / dec_s
+            );
             let after = engine.backend.kv_stats();
             let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 * 1e-9;
             sweep.push(json!({
