@@ -14,6 +14,12 @@
 #            channel before it is stopped (docs/benchmarks/2026-12-03-kv-cache/).
 #   graphs   the probe's node with its decode steps in a CUDA graph, and the fp8 export's
 #            batch-256 steps with CUDA graphs off and on (NEW_TOKENS 64).
+#   profile  ONNX Runtime's profile of batch-64 decode steps, fp8 cache against fp16.
+#   decoder  the exported decoders' decode steps timed outside ocrctl (fp8 against fp16).
+#   bisect   the fp8 decoder's first attention node alone in variants, and the decoder with
+#            ONNX Runtime's basic optimizations only (batch 64).
+#   check    both decoders' batch-64 steps with and without ONNX Runtime's query/key-norm
+#            fusion into the attention node.
 # Needs ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst, carried as for scripts/gpu_ab.sh.
 # Knobs: STEP (probe fixture sweep; diagnose on request), INT8_SCALE (0.1), FP16_BATCHES (1,256),
 # FP8_BATCHES (1,128,256,512), NEW_TOKENS (1024).
@@ -96,11 +102,57 @@ for step in ${STEP:-probe fixture sweep}; do
       echo "graphs $g: $(grep 'bench batch' "$R/graphs-$g.txt")"
     done
     ;;
+  profile)
+    # Where a batch-64 decode step's time goes, fp8 cache against fp16: ONNX Runtime's
+    # profiler with launch blocking (node times are then kernel times), CUDA graphs off.
+    export_fp8
+    export_with b "$BIN"
+    for m in fp8 b; do
+      rm -rf /tmp/prof-$m; mkdir -p /tmp/prof-$m
+      CUDA_LAUNCH_BLOCKING=1 OCRCTL_ORT_PROFILE=/tmp/prof-$m/ $BIN bench --model /tmp/dummy-$m \
+        --precision fp16 --decoder gqa --providers cuda --strict-providers --cuda-graphs off \
+        --vision-stage off --sizes 1092x1540 --new-tokens 16 --runs 1 --batch-sizes 64 \
+        > "$R/profile-$m.txt" 2>&1
+      python3 scripts/ort_profile_summary.py /tmp/prof-$m/decoder*.json --decode-rows 64 \
+        --top 15 2>&1 | tee "$R/profile-$m-decode64.txt"
+    done
+    ;;
+  decoder)
+    # The exported decoders' decode steps outside ocrctl (scripts/gpu_kv_decoder_probe.py),
+    # fp8 cache against fp16, to tell a slow graph from a slow binding.
+    export_fp8
+    export_with b "$BIN"
+    PYTHONPATH=/opt/ortgpu python3 scripts/gpu_kv_decoder_probe.py 1,64,256 /tmp/dummy-fp8 \
+      /tmp/dummy-b 2>&1 | grep -v Warning | tee "$R/decoder-probe.txt"
+    ;;
+  check)
+    # ONNX Runtime's query/key-norm fusion into the attention node (left out for 8-bit
+    # caches by ocrctl, see KV8_DISABLED_OPTIMIZERS): both decoders' batch-64 steps with and
+    # without it.
+    export_fp8
+    export_with b "$BIN"
+    for m in fp8 b; do
+      for off in "" GroupQueryAttentionPreNormFusion; do
+        echo "${off:-all optimizations}: $(DISABLE=$off PYTHONPATH=/opt/ortgpu python3 \
+          scripts/gpu_kv_decoder_probe.py 64 /tmp/dummy-$m 2>&1 | grep -v Warning | tail -1)"
+      done
+    done | tee "$R/check.txt"
+    ;;
+  bisect)
+    # The exported fp8 decoder's first attention node alone, in variants
+    # (scripts/gpu_kv_node_bisect.py), and the whole decoder with basic optimizations only.
+    export_fp8
+    PYTHONPATH=/opt/ortgpu python3 scripts/gpu_kv_node_bisect.py 64 /tmp/dummy-fp8 2>&1 \
+      | grep -v Warning | tee "$R/bisect.txt"
+    OPT=basic PYTHONPATH=/opt/ortgpu python3 scripts/gpu_kv_decoder_probe.py 64 /tmp/dummy-fp8 \
+      2>&1 | grep -v Warning | tee -a "$R/bisect.txt"
+    ;;
   sweep)
     export_with b "$BIN"
     export_fp8
-    BATCHES=${FP16_BATCHES:-1,256} sweep fp16-cache "$BIN" /tmp/dummy-b
     BATCHES=${FP8_BATCHES:-1,128,256,512} sweep fp8-cache "$BIN" /tmp/dummy-fp8
+    pack_results
+    BATCHES=${FP16_BATCHES:-1,256} sweep fp16-cache "$BIN" /tmp/dummy-b
     ;;
   esac
   pack_results

@@ -36,7 +36,10 @@ CTX = int(__import__("os").environ.get("CTX", "2700"))
 RUNS = int(__import__("os").environ.get("RUNS", "20"))
 # Prompt runs timed (the first, which plans kernels, is left out of the median).
 PREFILL_RUNS = int(__import__("os").environ.get("PREFILL_RUNS", "6"))
-MAXLEN = CTX + 64
+# The cache's capacity, and the total_sequence_length a decode step passes: CTX + 1 by default;
+# DECODE_TOTAL=max passes MAXLEN, as ocrctl's decode steps do (fixed for CUDA graphs).
+MAXLEN = int(__import__("os").environ.get("MAXLEN", CTX + 64))
+DECODE_TOTAL = __import__("os").environ.get("DECODE_TOTAL", "")
 # PROBE_DEVICE=cpu checks the script itself on a machine without a GPU.
 DEV = __import__("os").environ.get("PROBE_DEVICE", "cuda")
 EP = "CUDAExecutionProvider" if DEV == "cuda" else "CPUExecutionProvider"
@@ -159,7 +162,7 @@ def run(b, hq, cache, scale, data):
         io.synchronize_outputs()
         ptimes.append(time.perf_counter() - t)
     prefill = unpad_heads(io.copy_outputs_to_cpu()[0], hq)
-    io = bind(dq, dk, dv, np.full(b, CTX, np.int32), CTX + 1)
+    io = bind(dq, dk, dv, np.full(b, CTX, np.int32), MAXLEN if DECODE_TOTAL == "max" else CTX + 1)
     times = []
     for _ in range(RUNS + 3):
         t = time.perf_counter()
@@ -173,7 +176,8 @@ def run(b, hq, cache, scale, data):
 
 def main():
     batches = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "1,128,256").split(",")]
-    print("ort", ort.__version__, ort.get_device(), "CTX", CTX, "CUDA graph" if GRAPH else "")
+    print("ort", ort.__version__, ort.get_device(), "CTX", CTX, "MAXLEN", MAXLEN,
+          "decode total", DECODE_TOTAL or "CTX+1", "CUDA graph" if GRAPH else "")
     rng = np.random.default_rng(0)
     for b in batches:
         # Unit-scale keys and values; 8 random rows tiled to B (rows are independent, and

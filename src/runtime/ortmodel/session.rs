@@ -9,6 +9,7 @@
 use super::{LoadError, LoadOptions, MANIFEST_NAME};
 use crate::runtime::providers::Provider;
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
+use ocrctl_exporters::kv_cache::KvCache;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use std::path::Path;
@@ -24,13 +25,46 @@ pub(super) struct Built {
     pub provider: Provider,
 }
 
-/// Builds the session for `path`; `optimized` also writes the graph ONNX Runtime runs.
+/// What one session needs beyond the load's options.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Tweaks<'a> {
+    /// Also write the graph ONNX Runtime runs here.
+    pub optimized: Option<&'a Path>,
+    /// ONNX Runtime graph transformers left out (`optimization.disable_specified_optimizers`).
+    pub disabled_optimizers: Option<&'static str>,
+}
+
+impl Tweaks<'static> {
+    /// A decoder graph's: [`KV8_DISABLED_OPTIMIZERS`] for a GQA decoder exported with an
+    /// 8-bit cache (`kv`, the manifest's record), nothing otherwise.
+    pub fn decoder(variant: DecoderVariant, kv: &KvCache) -> Self {
+        Tweaks {
+            disabled_optimizers: (variant == DecoderVariant::Gqa && *kv != KvCache::Activation)
+                .then_some(KV8_DISABLED_OPTIMIZERS),
+            ..Tweaks::default()
+        }
+    }
+}
+
+/// The GQA decoder's transformers to leave out for an 8-bit KV cache on the CUDA provider.
+///
+/// `GroupQueryAttentionPreNormFusion` folds Qwen3's per-head query/key RMSNorm into the
+/// attention node (inputs 14/15). With the norm fused, ONNX Runtime 1.31.1's CUDA kernel no
+/// longer decodes an 8-bit cache through XQA but dequantizes it: measured on an H200
+/// (`scripts/gpu_ort_opt_diff.py`, `scripts/gpu_kv_decoder_probe.py`), the full-size fp8
+/// decoder's batch-64 step took 34.3 ms with the fusion and 6.0 ms with basic optimizations
+/// only, against 6.6 ms for the fp16 cache. The fp16 cache keeps the fusion (its decode
+/// kernel takes the fused norm).
+pub(super) const KV8_DISABLED_OPTIMIZERS: &str = "GroupQueryAttentionPreNormFusion";
+
+/// Builds the session for `path` (see [`Tweaks`]).
 pub(super) fn build(
     env: &ort::environment::Environment,
     path: &Path,
     opts: &LoadOptions,
-    optimized: Option<&Path>,
+    tweaks: Tweaks<'_>,
 ) -> Result<Built, LoadError> {
+    let optimized = tweaks.optimized;
     let part = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -107,6 +141,9 @@ pub(super) fn build(
                 p.push(format!("{part}_"));
                 b = b.with_profiling(p)?;
             }
+            if let Some(names) = tweaks.disabled_optimizers {
+                b = b.with_disabled_optimizers(names)?;
+            }
             if let (Some(p), None) = (optimized, prebuilt) {
                 b = b.with_optimized_model_path(p)?;
             }
@@ -164,7 +201,11 @@ pub fn write_optimized_graph(
     opts: &LoadOptions,
 ) -> Result<(), LoadError> {
     let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
-    build(&env, model, opts, Some(optimized)).map(|_| ())
+    let tweaks = Tweaks {
+        optimized: Some(optimized),
+        ..Tweaks::default()
+    };
+    build(&env, model, opts, tweaks).map(|_| ())
 }
 
 /// Checks the files a load of `precision` reads (all but other precisions' graphs) against
@@ -204,4 +245,24 @@ pub(super) fn verify_files(
         r.elapsed.as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_gqa_decoder_with_an_8bit_cache_leaves_the_norm_fusion_out() {
+        let off = |v, kv: KvCache| Tweaks::decoder(v, &kv).disabled_optimizers;
+        assert_eq!(
+            off(DecoderVariant::Gqa, KvCache::Fp8 { scale: 1.0 }),
+            Some(KV8_DISABLED_OPTIMIZERS)
+        );
+        assert_eq!(
+            off(DecoderVariant::Gqa, KvCache::Int8 { scale: 0.1 }),
+            Some(KV8_DISABLED_OPTIMIZERS)
+        );
+        assert_eq!(off(DecoderVariant::Gqa, KvCache::Activation), None);
+        assert_eq!(off(DecoderVariant::Merged, KvCache::Activation), None);
+    }
 }

@@ -40,14 +40,15 @@ pub(super) fn build(
     env: &ort::environment::Environment,
     paths: (&Path, &Path),
     opts: &LoadOptions,
+    decoder_tweaks: session::Tweaks<'_>,
     cache: &GqaCache,
     act: DType,
     host: &MemoryInfo<'static>,
 ) -> Option<Arc<Mutex<PrefillParts>>> {
     let mut plain = opts.clone();
     plain.providers.cuda.cuda_graphs = false;
-    let built = session::build(env, paths.0, &plain, None).and_then(|d| {
-        let e = session::build(env, paths.1, &plain, None)?;
+    let built = session::build(env, paths.0, &plain, decoder_tweaks).and_then(|d| {
+        let e = session::build(env, paths.1, &plain, Default::default())?;
         Ok((d.session, e.session))
     });
     match built {
