@@ -65,14 +65,19 @@ def probe(model_dir, batches):
         for o in sess.get_outputs():
             if not o.name.startswith("present."):
                 io.bind_output(o.name, DEV)
-        times = []
-        for _ in range(RUNS + 2):
-            t = time.perf_counter()
-            sess.run_with_iobinding(io)
-            io.synchronize_outputs()
-            times.append(time.perf_counter() - t)
-        print(f"{model_dir} cache type {ct} B={b}: decode step {statistics.median(times[2:]) * 1e3:.2f} ms "
+        print(f"{model_dir} cache type {ct} B={b}: decode step {timed(sess, io):.2f} ms "
               f"(median of {RUNS})", flush=True)
+
+
+def timed(sess, io):
+    """The median of RUNS runs of `io`, after two untimed ones, in milliseconds."""
+    times = []
+    for _ in range(RUNS + 2):
+        t = time.perf_counter()
+        sess.run_with_iobinding(io)
+        io.synchronize_outputs()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[2:]) * 1e3
 
 
 def main():

@@ -11,9 +11,7 @@ Usage (GPU machine): PYTHONPATH=/opt/ortgpu python3 scripts/gpu_kv_node_bisect.p
 
 import glob
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import onnx
@@ -21,11 +19,8 @@ from onnx import helper, numpy_helper
 
 import onnxruntime as ort
 
-CTX = int(os.environ.get("CTX", "2173"))
-MAXLEN = int(os.environ.get("MAXLEN", CTX + 64))
-RUNS = int(os.environ.get("RUNS", "10"))
-DEV = os.environ.get("PROBE_DEVICE", "cuda")
-EP = "CUDAExecutionProvider" if DEV == "cuda" else "CPUExecutionProvider"
+# The cache's size, the runs and the device are the decoder probe's (same environment knobs).
+from gpu_kv_decoder_probe import CTX, DEV, EP, MAXLEN, timed
 
 
 def one_node(model, variant):
@@ -103,13 +98,7 @@ def time_it(blob, b, nh, kvh, hd, ct):
     io.bind_output("output", DEV)
     io.bind_ortvalue_output("present_key", kc)
     io.bind_ortvalue_output("present_value", vc)
-    times = []
-    for _ in range(RUNS + 2):
-        t = time.perf_counter()
-        sess.run_with_iobinding(io)
-        io.synchronize_outputs()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[2:]) * 1e3
+    return timed(sess, io)
 
 
 def main():
