@@ -138,6 +138,55 @@ fn padded_query_heads_change_nothing() {
 #[test]
 fn an_int8_cache_holds_a_byte_per_element_and_keeps_the_reference_ids() {
     let (_dir, out, m) = export_kv(KvCache::Int8 { scale: 0.1 }, false);
+    check_int8_cache(&out, &m);
+}
+
+/// `export --kv-cache int8 --calibrate DIR` without `--kv-scale`: the fp32 graphs run on the
+/// folder's pages first and the scale is the largest |key| or |value| they put in the cache
+/// ÷ 127 (nothing clipped). The manifest records it, the export says the measured range, and
+/// the cache keeps the reference's ids as a hand-picked scale does.
+#[test]
+fn an_int8_cache_scaled_by_calibration_keeps_the_reference_ids() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("calibrated");
+    let (ck, images) = (checkpoint(), fixture().join("images"));
+    let o = ocrctl(&[
+        "export",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--precision",
+        "fp32",
+        "--decoder",
+        "gqa",
+        "--kv-cache",
+        "int8",
+        "--calibrate",
+        images.to_str().unwrap(),
+    ]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    let m = Manifest::load(&out).unwrap();
+    let KvCache::Int8 { scale } = m.kv_cache else {
+        panic!("calibrated export records {:?}", m.kv_cache)
+    };
+    let absmax: f32 = log
+        .split("over the calibration prompts: ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no measured range in:\n{log}"));
+    assert!(
+        absmax > 0.0 && (scale * 127.0 - absmax).abs() <= 1e-5 * absmax,
+        "{scale} {absmax}"
+    );
+    check_int8_cache(&out, &m);
+}
+
+/// An int8 cache export `out` (manifest `m`): one byte per element in the graph and in the
+/// memory the model allocates, and the first 16 greedy ids of every fixture image.
+fn check_int8_cache(out: &Path, m: &Manifest) {
     let cache_input = m.graphs[&Precision::Fp32]["decoder_gqa"]
         .inputs
         .iter()
@@ -148,13 +197,13 @@ fn an_int8_cache_holds_a_byte_per_element_and_keeps_the_reference_ids() {
     let exact = load(Precision::Fp32, slots, max_seq)
         .kv_cache_bytes()
         .unwrap();
-    let model = load_from(&out, Precision::Fp32, slots, max_seq);
+    let model = load_from(out, Precision::Fp32, slots, max_seq);
     assert_eq!(model.kv_cache_bytes().unwrap() * 4, exact);
     let g = golden();
     let image_token = g.json["image_token_id"].as_u64().unwrap() as u32;
     let mut engine = Engine::new(model, 1, image_token);
-    let prompter = Prompter::from_model_dir(&out, image_token).unwrap();
-    let cfg = PreprocessConfig::from_model_dir(&out, 14, 2).unwrap();
+    let prompter = Prompter::from_model_dir(out, image_token).unwrap();
+    let cfg = PreprocessConfig::from_model_dir(out, 14, 2).unwrap();
     for im in g.images() {
         let want = ids(&im["greedy_ids"]);
         let p = preprocess::preprocess(&g.reference_image(im), &cfg);

@@ -246,7 +246,10 @@ fn calibration_needs_readable_images() {
         "--calibrate",
         empty.to_str().unwrap(),
     ]);
-    assert!(e.contains("only applies to int4"), "{e}");
+    assert!(
+        e.contains("--calibrate applies to int4") && e.contains("8-bit KV cache"),
+        "{e}"
+    );
     assert!(!out.exists());
     let left: Vec<_> = std::fs::read_dir(d.path())
         .unwrap()

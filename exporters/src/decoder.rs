@@ -172,6 +172,15 @@ pub fn build(
                 let v = g.op("Transpose", &[&v], &to_bnsh);
                 let q = layers::rope(g, &q, &cos, &sin);
                 let k = layers::rope(g, &k, &cos, &sin);
+                // What an 8-bit cache will store, for `--calibrate`'s scale.
+                layers::calibration_output(g, e, &k, &crate::kv_cache::calib_name(i, Kv::Key), hd);
+                layers::calibration_output(
+                    g,
+                    e,
+                    &v,
+                    &crate::kv_cache::calib_name(i, Kv::Value),
+                    hd,
+                );
                 let k_all = g.op("Concat", &[pk, &k], &[("axis", Attr::Int(2))]);
                 let v_all = g.op("Concat", &[pv, &v], &[("axis", Attr::Int(2))]);
                 let a = layers::attention_bnsh(g, e, &q, &k_all, &v_all, Some(&mask), nh, kvh, hd);

@@ -48,6 +48,22 @@ pub enum KvCache {
 /// The scale `--kv-cache fp8` uses without `--kv-scale`.
 pub const FP8_DEFAULT_SCALE: f32 = 1.0;
 
+/// The largest finite float8 E4M3 (fn) value.
+pub const FP8_E4M3_MAX: f32 = 448.0;
+
+/// Prefix (after `calib.`) of a calibration graph's key/value outputs: `kv_cache.{layer}.key`.
+pub const CALIB_KV: &str = "kv_cache.";
+
+/// The calibration output of layer `i`'s new keys or values (`[rows, head_dim]`, after
+/// the norm and RoPE: what the cache stores), under [`crate::layers::CALIB_PREFIX`].
+pub fn calib_name(i: usize, kv: crate::contract::Kv) -> String {
+    let which = match kv {
+        crate::contract::Kv::Key => "key",
+        crate::contract::Kv::Value => "value",
+    };
+    format!("{CALIB_KV}{i}.{which}")
+}
+
 impl KvCache {
     /// Parses `--kv-cache` (`auto`, `fp8`, `int8`) with `--kv-scale`.
     pub fn parse(kind: &str, scale: Option<f32>) -> Result<KvCache, ExportError> {
@@ -71,9 +87,9 @@ impl KvCache {
             "int8" => match scale {
                 Some(scale) => Ok(KvCache::Int8 { scale }),
                 None => Err(ExportError::Invalid(
-                    "--kv-cache int8 needs --kv-scale: one scale per tensor (keys and values \
-                     share it) clips everything beyond ±127 × scale, so it must come from a \
-                     measured range; --kv-cache fp8 needs none"
+                    "--kv-cache int8 needs --kv-scale or --calibrate DIR: one scale per tensor \
+                     (keys and values share it) clips everything beyond ±127 × scale, so it \
+                     must come from a measured range; --kv-cache fp8 needs none"
                         .into(),
                 )),
             },
@@ -81,6 +97,33 @@ impl KvCache {
                 "unknown --kv-cache `{other}` (expected auto, fp8 or int8)"
             ))),
         }
+    }
+
+    /// `kind` (`fp8` or `int8`) with the scale that maps `absmax`, the largest |key| or
+    /// |value| measured over calibration prompts (`ocrctl export --calibrate`), to the type's
+    /// largest value: nothing measured is clipped (as vLLM's `amax / max` KV scales).
+    pub fn calibrated(kind: &str, absmax: f32) -> Result<KvCache, ExportError> {
+        if !(absmax.is_finite() && absmax > 0.0) {
+            return Err(ExportError::Invalid(format!(
+                "calibration measured no usable key/value range (largest |x| {absmax})"
+            )));
+        }
+        match kind.trim() {
+            "fp8" => Ok(KvCache::Fp8 {
+                scale: absmax / FP8_E4M3_MAX,
+            }),
+            "int8" => Ok(KvCache::Int8 {
+                scale: absmax / 127.0,
+            }),
+            other => Err(ExportError::Invalid(format!(
+                "--kv-cache `{other}` takes no calibrated scale (fp8 or int8 do)"
+            ))),
+        }
+    }
+
+    /// Whether `kind` names an 8-bit cache (one whose scale `--calibrate` can measure).
+    pub fn is_8bit_kind(kind: &str) -> bool {
+        matches!(kind.trim(), "fp8" | "int8")
     }
 
     /// The stored element type, for graphs whose activations are `act`.
@@ -144,6 +187,26 @@ pub fn xqa_group(group: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_calibrated_scale_maps_the_measured_range_to_the_largest_value() {
+        assert_eq!(
+            KvCache::calibrated("int8", 63.5).unwrap(),
+            KvCache::Int8 { scale: 0.5 }
+        );
+        assert_eq!(
+            KvCache::calibrated(" fp8", 896.0).unwrap(),
+            KvCache::Fp8 { scale: 2.0 }
+        );
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = KvCache::calibrated("int8", bad).unwrap_err().to_string();
+            assert!(e.contains("no usable key/value range"), "{e}");
+        }
+        let e = KvCache::calibrated("auto", 1.0).unwrap_err().to_string();
+        assert!(e.contains("auto"), "{e}");
+        assert!(KvCache::is_8bit_kind("int8") && KvCache::is_8bit_kind("fp8"));
+        assert!(!KvCache::is_8bit_kind("auto"));
+    }
+
     use super::*;
 
     #[test]

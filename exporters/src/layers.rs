@@ -136,9 +136,9 @@ pub fn linears_packed(
     ))
 }
 
-/// With [`Emit::calibrate`], exposes `x` (the input of Linear `name`) as the output
-/// `calib.<name>` `[rows, in]`.
-fn calibration_output(g: &mut Graph, e: Emit, x: &Value, name: &str, inp: usize) {
+/// With [`Emit::calibrate`], exposes `x` (the input of Linear `name`, or another tensor
+/// whose last axis is `inp` wide) as the output `calib.<name>` `[rows, in]`.
+pub(crate) fn calibration_output(g: &mut Graph, e: Emit, x: &Value, name: &str, inp: usize) {
     if !e.calibrate {
         return;
     }

@@ -5,7 +5,6 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use ocrctl::quality::calibrate;
 use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
-use ocrctl_exporters::awq::ActivationStats;
 use ocrctl_exporters::export::{
     export, DecoderVariant, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL,
     DEFAULT_BLOCK_SIZE,
@@ -52,8 +51,9 @@ pub struct ExportArgs {
     /// activations on CPU). QDQ graphs take it from `ocrctl ocr --accuracy-level`.
     #[arg(long, default_value_t = DEFAULT_ACCURACY_LEVEL, value_parser = clap::value_parser!(u8).range(0..=4))]
     accuracy_level: u8,
-    /// Activation-aware (AWQ-style) INT4 scales from the images in this folder (PNG, JPEG,
-    /// WebP, TIFF): the fp32 graphs run on them first. Without it: round-to-nearest.
+    /// Activation-aware (AWQ-style) INT4 scales, and an 8-bit KV cache's scale when
+    /// --kv-scale is not given, from the images in this folder (PNG, JPEG, WebP, TIFF): the
+    /// fp32 graphs run on them first. Without it: round-to-nearest.
     #[arg(long)]
     calibrate: Option<PathBuf>,
     /// Decoder graphs to write, comma-separated: `merged` (KV cache concatenated each step;
@@ -64,12 +64,14 @@ pub struct ExportArgs {
     decoder: Vec<DecoderVariant>,
     /// The gqa decoder's KV cache: `auto` (the graphs' activation type, exact), `fp8`
     /// (float8 E4M3: half the memory and faster decode steps at large batches on GPUs of
-    /// compute capability 8.9 and later; not exact) or `int8` (needs --kv-scale). On GPUs
+    /// compute capability 8.9 and later; not exact) or `int8` (needs --kv-scale or
+    /// --calibrate). On GPUs
     /// an 8-bit cache is experimental and loads only with OCRCTL_EXPERIMENTAL_KV8=1.
     #[arg(long, default_value = "auto")]
     kv_cache: String,
     /// Scale of an 8-bit KV cache (value = stored × scale; keys and values share it).
-    /// fp8: 1.0 unless given; int8: required (everything past ±127 × scale is clipped).
+    /// Without it, --calibrate measures it (largest |key| or |value| over the folder's pages
+    /// ÷ 448 for fp8, ÷ 127 for int8); else fp8 takes 1.0 and int8 needs one.
     #[arg(long)]
     kv_scale: Option<f32>,
     /// Path of libonnxruntime.so for --calibrate (default: found automatically).
@@ -83,10 +85,12 @@ fn calibrate(
     opts: &ExportOptions,
     dir: &std::path::Path,
     ort_lib: Option<PathBuf>,
-) -> anyhow::Result<ActivationStats> {
-    if !opts.precisions.iter().any(|p| p.is_int4()) {
+    kv_scale: bool,
+) -> anyhow::Result<calibrate::Calibration> {
+    if !opts.precisions.iter().any(|p| p.is_int4()) && !kv_scale {
         anyhow::bail!(
-            "--calibrate only applies to int4 precisions (--precision int4 or int4-fp16)"
+            "--calibrate applies to int4 precisions (--precision int4 or int4-fp16: AWQ \
+             scales) or to an 8-bit KV cache without --kv-scale (--kv-cache fp8|int8: its scale)"
         );
     }
     let images = calibrate::image_files(dir)?;
@@ -125,15 +129,15 @@ fn calibrate(
     let mut lo = LoadOptions::new(Precision::Fp32);
     lo.ort_lib = ort_lib;
     let mut model = OrtModel::load(&calib_out, &lo)?;
-    let (stats, used) = calibrate::collect(&mut model, &calib_out, &images)?;
-    if used == 0 {
+    let c = calibrate::collect(&mut model, &calib_out, &images)?;
+    if c.images == 0 {
         anyhow::bail!(
             "--calibrate {}: none of the {} image file(s) could be read",
             dir.display(),
             images.len()
         );
     }
-    Ok(stats)
+    Ok(c)
 }
 
 fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
@@ -183,6 +187,8 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let kv_from_calibration =
+        a.calibrate.is_some() && a.kv_scale.is_none() && KvCache::is_8bit_kind(&a.kv_cache);
     let opts = ExportOptions {
         checkpoint: a.checkpoint,
         out: a.out.clone(),
@@ -202,13 +208,27 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             (true, Target::Ort) => vec![DecoderVariant::Merged, DecoderVariant::Gqa],
             (true, _) => vec![DecoderVariant::Merged],
         },
-        kv_cache: KvCache::parse(&a.kv_cache, a.kv_scale)?,
+        // An 8-bit cache without --kv-scale takes its scale from --calibrate (set below).
+        kv_cache: match kv_from_calibration {
+            true => KvCache::Activation,
+            false => KvCache::parse(&a.kv_cache, a.kv_scale)?,
+        },
         pad_query_heads: false,
     };
     let start = Instant::now();
     let mut opts = opts;
     if let Some(dir) = &a.calibrate {
-        opts.awq = Some(calibrate(&opts, dir, a.ort_lib.clone())?);
+        let c = calibrate(&opts, dir, a.ort_lib.clone(), kv_from_calibration)?;
+        if opts.precisions.iter().any(|p| p.is_int4()) {
+            opts.awq = Some(c.stats);
+        }
+        if kv_from_calibration {
+            opts.kv_cache = KvCache::calibrated(&a.kv_cache, c.kv_absmax)?;
+            eprintln!(
+                "KV cache: {:?} (largest |key| or |value| over the calibration prompts: {})",
+                opts.kv_cache, c.kv_absmax
+            );
+        }
     }
     let style =
         ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} layers {elapsed}")

@@ -5,6 +5,9 @@
 //! per-channel mean |x| and mean x² of every Linear input are accumulated here and handed to
 //! the exporter ([`ocrctl_exporters::awq`]). Decode steps are not run: the prefill already
 //! covers the image tokens and the prompt, which dominate a page's activations.
+//!
+//! The same run measures the largest |key| or |value| the decoder's cache would store
+//! (`calib.kv_cache.*` outputs): the scale of an 8-bit KV cache (`--kv-cache fp8|int8`).
 
 use crate::generation::generate::prefill;
 use crate::model::preprocess;
@@ -42,16 +45,35 @@ pub fn image_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(v)
 }
 
-/// Runs `model` (a calibration export) over `images` and returns the statistics and the
-/// number of images that could be read. Unreadable images are reported and skipped.
+/// What a calibration run measured.
+pub struct Calibration {
+    /// Per-channel statistics of every Linear's input (AWQ).
+    pub stats: ActivationStats,
+    /// The largest |key| or |value| of any layer's cache entries (0 when the graphs have no
+    /// key/value outputs).
+    pub kv_absmax: f32,
+    /// Images that could be read.
+    pub images: usize,
+}
+
+/// Runs `model` (a calibration export) over `images`. Unreadable images are reported and
+/// skipped.
 pub fn collect(
     model: &mut OrtModel,
     dir: &Path,
     images: &[PathBuf],
-) -> anyhow::Result<(ActivationStats, usize)> {
+) -> anyhow::Result<Calibration> {
     let sums: Arc<Mutex<BTreeMap<String, Sums>>> = Arc::default();
+    let kv_max: Arc<Mutex<f32>> = Arc::default();
     let sink = sums.clone();
+    let kv_sink = kv_max.clone();
     model.set_tap(Some(Box::new(move |name, shape, data| {
+        if name.starts_with(ocrctl_exporters::kv_cache::CALIB_KV) {
+            let m = data.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let mut all = kv_sink.lock().expect("calibration KV range");
+            *all = all.max(m);
+            return;
+        }
         let k = *shape.last().unwrap_or(&1);
         let mut all = sink.lock().expect("calibration sums");
         let s = all.entry(name.to_string()).or_default();
@@ -97,5 +119,10 @@ pub fn collect(
             (name, st)
         })
         .collect();
-    Ok((stats, used))
+    let kv_absmax = *kv_max.lock().expect("calibration KV range");
+    Ok(Calibration {
+        stats,
+        kv_absmax,
+        images: used,
+    })
 }
