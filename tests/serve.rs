@@ -697,6 +697,50 @@ fn api_key_is_required_on_v1_when_set() {
     assert_eq!(s.get("/").unwrap().status, 200);
 }
 
+/// `--warm-up` runs a page of each size through the model before /health reports ready,
+/// and the server then answers as the CLI does; a size that is none, or past --max-pixels,
+/// stops the start with the flag named.
+#[test]
+fn warm_up_sizes_run_before_ready_and_bad_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 1, 4, &["--warm-up", "300x200, 200x300"]);
+    // The line comes before ready; stderr is read on a thread of its own, so allow it a moment.
+    let warmed = (0..50).any(|_| {
+        let seen = s.log.lock().unwrap().contains("warmed up 2 page size(s)");
+        if !seen {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        seen
+    });
+    assert!(warmed, "{}", s.log.lock().unwrap());
+    let (name, mime) = IMAGES[0];
+    let bytes = std::fs::read(image(name)).unwrap();
+    assert_eq!(
+        chat_text(&s.post_json("/v1/chat/completions", &chat_body(&bytes, mime, MAX_TOKENS))),
+        cli_text(name, MAX_TOKENS, &[])
+    );
+    drop(s);
+    let profile = test_profile(dir.path(), 1, 4, 2);
+    for (bad, says) in [
+        ("300", "`300` is not WIDTHxHEIGHT"),
+        ("0x300", "width in `0x300`"),
+        ("30000x30000", "more pixels than --max-pixels"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+            .args(["serve", "--model", common::exported().to_str().unwrap()])
+            .args(["--port", "0", "--profile", profile.to_str().unwrap()])
+            .args(["--warm-up", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}: {err}");
+        assert!(
+            err.contains("--warm-up") && err.contains(says),
+            "{bad}: {err}"
+        );
+    }
+}
+
 #[test]
 fn models_health_and_a_model_that_fails_to_load() {
     let dir = tempfile::tempdir().unwrap();

@@ -17,10 +17,12 @@
 //! ocrctl bench --model out/dummy --precision int4 --sizes 768x544,1540x1092 --new-tokens 32
 //! ```
 
+use crate::cli::common::parse_size;
 use anyhow::Context;
 use clap::Args;
 use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::generation::generate::prompt_embeds;
+use ocrctl::generation::pipeline::synthetic_page;
 use ocrctl::generation::sampling::SamplingParams;
 use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
@@ -104,35 +106,6 @@ pub struct BenchArgs {
     json_out: Option<PathBuf>,
 }
 
-fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
-    let (w, h) = s
-        .split_once('x')
-        .with_context(|| format!("--sizes: `{s}` is not WIDTHxHEIGHT"))?;
-    Ok((
-        w.trim()
-            .parse()
-            .with_context(|| format!("--sizes: width in `{s}`"))?,
-        h.trim()
-            .parse()
-            .with_context(|| format!("--sizes: height in `{s}`"))?,
-    ))
-}
-
-/// A deterministic page-like image: light background with dark horizontal strokes.
-pub fn synthetic_page(width: u32, height: u32) -> image::RgbImage {
-    image::RgbImage::from_fn(width, height, |x, y| {
-        let line = (y / 18) % 3 != 0
-            && (x / 7 + y / 18).wrapping_mul(2654435761u32) % 5 != 0
-            && (y % 18) < 10;
-        let v = if line {
-            30
-        } else {
-            235 + ((x * 31 + y * 17) % 16) as u8
-        };
-        image::Rgb([v, v, v])
-    })
-}
-
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -184,7 +157,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
         let mut longest = 0;
         for s in &a.sizes {
-            let (w, h) = parse_size(s)?;
+            let (w, h) = parse_size("--sizes", s)?;
             longest = longest.max(pipeline.prepare(&synthetic_page(w, h))?.prompt_ids.len());
         }
         opts.max_sequence_length = longest + a.new_tokens + 1;
@@ -206,7 +179,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let model = &mut engine.backend;
     let mut rows = Vec::new();
     for s in &a.sizes {
-        let (w, h) = parse_size(s)?;
+        let (w, h) = parse_size("--sizes", s)?;
         let p = pipeline.prepare(&synthetic_page(w, h))?;
         let ids = &p.prompt_ids;
         let (mut vis, mut pf, mut pe, mut dec) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -271,7 +244,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     // Throughput: B identical pages through the engine at once, fixed new tokens each.
     let mut sweep = Vec::new();
     if let Some(first) = a.sizes.first() {
-        let (w, h) = parse_size(first)?;
+        let (w, h) = parse_size("--sizes", first)?;
         let page = pipeline.prepare(&synthetic_page(w, h))?;
         for &b in &a.batch_sizes {
             engine.max_batch = b.max(1);

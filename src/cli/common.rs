@@ -302,6 +302,21 @@ pub fn describe(e: &anyhow::Error) -> String {
     out
 }
 
+/// `WIDTHxHEIGHT` of option `flag` (`--sizes`, `--warm-up`) in pixels.
+pub fn parse_size(flag: &str, s: &str) -> anyhow::Result<(u32, u32)> {
+    use anyhow::Context;
+    let (w, h) = s
+        .split_once('x')
+        .with_context(|| format!("{flag}: `{s}` is not WIDTHxHEIGHT"))?;
+    let dim = |v: &str, what: &str| -> anyhow::Result<u32> {
+        match v.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => anyhow::bail!("{flag}: {what} in `{s}` is not a positive whole number"),
+        }
+    };
+    Ok((dim(w, "width")?, dim(h, "height")?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::RuntimeArgs;

@@ -90,6 +90,26 @@ pub struct ServeArgs {
     /// profile's GPU providers) or `cpu` (default: one engine, the profile's device 0).
     #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
     devices: Vec<Device>,
+    /// Page sizes to run once through the vision encoder and a prefill before the server
+    /// reports ready, comma-separated `WIDTHxHEIGHT` of the images as sent (e.g. a PDF's
+    /// pages rendered at a fixed DPI). On a GPU the first page of each new size otherwise
+    /// pays for the kernels' plans (~200–250 ms on an H200, cuDNN attention).
+    #[arg(long, env = "OCRCTL_WARM_UP", value_delimiter = ',')]
+    warm_up: Vec<String>,
+}
+
+/// One page of a warm-up size, preprocessed as requests are: pixels and prompt.
+type WarmPage = (ndarray::Array4<f32>, Vec<u32>);
+
+/// Runs each warm-up page through `model`'s vision encoder and a prefill (the cache is
+/// dropped at once).
+fn warm_up(model: &mut OrtModel, pages: &[WarmPage], image_token_id: u32) -> anyhow::Result<()> {
+    use ocrctl::runtime::backend::Backend;
+    for (pixels, prompt) in pages {
+        let feats = model.encode_image(pixels)?;
+        ocrctl::generation::generate::prefill(model, prompt, image_token_id, &[feats])?;
+    }
+    Ok(())
 }
 
 /// Starts engine `me` (on device `label`): loads the model on its own thread and runs it
@@ -105,6 +125,7 @@ fn spawn_engine(
     image_token_id: u32,
     prompter: Arc<ocrctl::model::prompt::Prompter>,
     shared: Arc<worker::Shared>,
+    warm: Arc<Vec<WarmPage>>,
 ) -> anyhow::Result<()> {
     let one = shared.engines.len() == 1;
     let who = if one {
@@ -117,11 +138,23 @@ fn spawn_engine(
         .spawn(move || {
             let t = std::time::Instant::now();
             match OrtModel::load(&dir, &opts) {
-                Ok(model) => {
+                Ok(mut model) => {
                     tracing::info!(
                         "model loaded{who} in {:.1} s (batch {batch})",
                         t.elapsed().as_secs_f64()
                     );
+                    if !warm.is_empty() {
+                        let t = std::time::Instant::now();
+                        // A page that fails here would fail as a request too: said, not fatal.
+                        match warm_up(&mut model, &warm, image_token_id) {
+                            Ok(()) => tracing::info!(
+                                "warmed up {} page size(s){who} in {:.1} s",
+                                warm.len(),
+                                t.elapsed().as_secs_f64()
+                            ),
+                            Err(e) => tracing::warn!("--warm-up{who} failed: {e}"),
+                        }
+                    }
                     let engine = Engine::new(model, batch, image_token_id);
                     let s2 = shared.clone();
                     worker::supervise(
@@ -177,6 +210,28 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     prompter.max_token_bytes();
     let prompter = Arc::new(prompter);
     pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
+    // Warm-up pages, preprocessed as requests of those sizes will be (before anything loads,
+    // so a bad size is an error at once).
+    let warm = a
+        .warm_up
+        .iter()
+        .map(|s| -> anyhow::Result<WarmPage> {
+            let (w, h) = crate::cli::common::parse_size("--warm-up", s)?;
+            if w as u64 * h as u64 > a.max_pixels {
+                anyhow::bail!(
+                    "--warm-up: {s} has more pixels than --max-pixels {}",
+                    a.max_pixels
+                );
+            }
+            let img = ocrctl::generation::pipeline::synthetic_page(w, h);
+            let p = ocrctl::model::preprocess::preprocess(&img, &pre);
+            Ok((
+                p.pixel_values,
+                prompter.encode(&[p.num_image_tokens], None)?,
+            ))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let warm = Arc::new(warm);
     if a.loop_guard {
         defaults.loop_guard = Some(LoopGuard::default());
     }
@@ -269,6 +324,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             cfg.image_token_id,
             prompter.clone(),
             shared.clone(),
+            warm.clone(),
         )?;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -107,6 +107,22 @@ impl PagePipeline {
     }
 }
 
+/// A deterministic page-like image: light background with dark horizontal strokes (for
+/// benchmarks and the server's warm-up, where any page of a size will do).
+pub fn synthetic_page(width: u32, height: u32) -> RgbImage {
+    RgbImage::from_fn(width, height, |x, y| {
+        let line = (y / 18) % 3 != 0
+            && (x / 7 + y / 18).wrapping_mul(2654435761u32) % 5 != 0
+            && (y % 18) < 10;
+        let v = if line {
+            30
+        } else {
+            235 + ((x * 31 + y * 17) % 16) as u8
+        };
+        image::Rgb([v, v, v])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
