@@ -149,24 +149,20 @@ fn an_int8_cache_holds_a_byte_per_element_and_keeps_the_reference_ids() {
 fn an_int8_cache_scaled_by_calibration_keeps_the_reference_ids() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("calibrated");
-    let (ck, images) = (checkpoint(), fixture().join("images"));
-    let o = ocrctl(&[
-        "export",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--precision",
-        "fp32",
-        "--decoder",
-        "gqa",
-        "--kv-cache",
-        "int8",
-        "--calibrate",
-        images.to_str().unwrap(),
-    ]);
-    let log = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{log}");
+    let images = fixture().join("images");
+    let log = export_fixture(
+        &out,
+        &[
+            "--precision",
+            "fp32",
+            "--decoder",
+            "gqa",
+            "--kv-cache",
+            "int8",
+            "--calibrate",
+            images.to_str().unwrap(),
+        ],
+    );
     let m = Manifest::load(&out).unwrap();
     let KvCache::Int8 { scale } = m.kv_cache else {
         panic!("calibrated export records {:?}", m.kv_cache)

@@ -45,11 +45,15 @@ pub fn ocrctl_err(args: &[&str]) -> String {
     String::from_utf8(out.stderr).unwrap()
 }
 
-/// Exports the fixture checkpoint to `out` with extra `ocrctl export` flags.
-pub fn export_fixture(out: &Path, extra: &[&str]) {
+/// Exports the fixture checkpoint to `out` with extra `ocrctl export` flags; returns what
+/// the export said on stderr.
+pub fn export_fixture(out: &Path, extra: &[&str]) -> String {
     with_export_args(out, extra, |args| {
-        ocrctl_ok(args);
-    });
+        let o = ocrctl(args);
+        let log = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "ocrctl {args:?} failed:\n{log}");
+        log
+    })
 }
 
 /// Exports the fixture checkpoint to `out` with extra flags, requiring failure; returns stderr.
