@@ -177,6 +177,20 @@ fn an_int8_cache_scaled_by_calibration_keeps_the_reference_ids() {
         absmax > 0.0 && (scale * 127.0 - absmax).abs() <= 1e-5 * absmax,
         "{scale} {absmax}"
     );
+    // One scale per layer, the largest being the cache's, each in its own graph tensor.
+    let per_layer = &m.kv_layer_scales;
+    assert_eq!(per_layer.len(), m.model.text.num_layers);
+    assert!(
+        per_layer.iter().all(|s| *s > 0.0 && *s <= scale),
+        "{per_layer:?}"
+    );
+    assert!(per_layer.contains(&scale), "{per_layer:?} {scale}");
+    let graph = std::fs::read(out.join("onnx/decoder_model_gqa.onnx")).unwrap();
+    let (_, inits) = ocrctl_exporters::proto::read::summarize(&graph).unwrap();
+    for i in 0..per_layer.len() {
+        let name = format!("decoder_kv_cache_scale.{i}");
+        assert!(inits.iter().any(|t| t.name == name), "{name}");
+    }
     check_int8_cache(&out, &m);
 }
 

@@ -123,6 +123,7 @@ fn fake_export(dir: &Path, precisions: &[Precision], target: Target) {
         graphs,
         files: vec![],
         kv_cache: Default::default(),
+        kv_layer_scales: vec![],
         engines: Default::default(),
     };
     std::fs::write(

@@ -149,11 +149,23 @@ pub fn build(
     let kv_shape = g.const_i64(&[0, 0, kvh as i64, hd as i64]);
     let q_flat = g.const_i64(&[0, 0, (nh * hd) as i64]);
     let kv_flat = g.const_i64(&[0, 0, (kvh * hd) as i64]);
-    // One scale for keys and values of every layer, one tensor (XQA wants the same for both).
-    let scale = match kv.scale() {
-        Some(s) => Some(g.weight("decoder_kv_cache_scale", DType::F32, &[1], &[s])?),
-        None => None,
-    };
+    // Keys and values of a layer share one scale tensor (XQA wants the same for both): one
+    // for every layer, or one per layer when calibration measured them.
+    let layers_n = t.num_layers;
+    let mut scales: Vec<Option<Value>> = Vec::with_capacity(layers_n);
+    for i in 0..layers_n {
+        let name = match layout.layer_scales.is_empty() {
+            true => "decoder_kv_cache_scale".to_string(),
+            false => format!("decoder_kv_cache_scale.{i}"),
+        };
+        scales.push(match kv.layer_scale(layout.layer_scales, i, layers_n)? {
+            Some(s) if i == 0 || !layout.layer_scales.is_empty() => {
+                Some(g.weight(&name, DType::F32, &[1], &[s])?)
+            }
+            Some(_) => scales[0].clone(),
+            None => None,
+        });
+    }
     let eps = t.rms_norm_eps;
     let mut x = x0;
     // The MLP output not yet added to the residual stream: the next norm adds it
@@ -177,7 +189,7 @@ pub fn build(
                 ("scale", Attr::Float((hd as f32).powf(-0.5))),
             ];
             let absent = Value::absent();
-            if let Some(s) = &scale {
+            if let Some(s) = &scales[i] {
                 // position_ids, attention_bias, head_sink absent; k_scale, v_scale.
                 inputs.extend([&absent, &absent, &absent, s, s]);
                 attrs.extend([

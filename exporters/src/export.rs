@@ -122,6 +122,9 @@ pub struct ExportOptions {
     /// Pads the GQA decoder's query heads as an 8-bit cache does, whatever the cache type:
     /// with the activation type's cache this checks the padding alone, exactly (tests).
     pub pad_query_heads: bool,
+    /// An 8-bit cache's scale per decoder layer (`--calibrate` measures them); empty: the
+    /// `kv_cache`'s one scale for every layer.
+    pub kv_layer_scales: Vec<f32>,
 }
 
 /// Which decoder graph (a part of the manifest's `graphs`).
@@ -191,6 +194,7 @@ impl ExportOptions {
             decoders: vec![DecoderVariant::Merged],
             kv_cache: crate::kv_cache::KvCache::Activation,
             pad_query_heads: false,
+            kv_layer_scales: Vec::new(),
         }
     }
 }
@@ -480,6 +484,7 @@ pub fn export(
                     e,
                     crate::kv_cache::GqaLayout {
                         kv: opts.kv_cache,
+                        layer_scales: &opts.kv_layer_scales,
                         pad_query_heads: opts.pad_query_heads,
                     },
                     &mut step,
@@ -519,6 +524,7 @@ pub fn export(
         graphs,
         files: Vec::new(),
         kv_cache: opts.kv_cache,
+        kv_layer_scales: opts.kv_layer_scales.clone(),
         engines: BTreeMap::new(),
     };
     let all: Vec<(Precision, &GraphInfo)> = manifest

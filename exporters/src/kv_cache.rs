@@ -121,6 +121,33 @@ impl KvCache {
         }
     }
 
+    /// The scale of layer `i` of `n`: `layer_scales[i]` when given (checked: one positive
+    /// finite scale per layer, for an 8-bit cache only), else this cache's one scale.
+    pub fn layer_scale(
+        self,
+        layer_scales: &[f32],
+        i: usize,
+        n: usize,
+    ) -> Result<Option<f32>, ExportError> {
+        if layer_scales.is_empty() {
+            return Ok(self.scale());
+        }
+        if self.scale().is_none() || layer_scales.len() != n {
+            return Err(ExportError::Invalid(format!(
+                "{} per-layer KV scales for a {} cache of {n} layers: one per layer of an \
+                 8-bit cache",
+                layer_scales.len(),
+                self.name()
+            )));
+        }
+        match layer_scales[i] {
+            s if s.is_finite() && s > 0.0 => Ok(Some(s)),
+            s => Err(ExportError::Invalid(format!(
+                "the KV scale of layer {i} must be a positive number, got {s}"
+            ))),
+        }
+    }
+
     /// Whether `kind` names an 8-bit cache (one whose scale `--calibrate` can measure).
     pub fn is_8bit_kind(kind: &str) -> bool {
         matches!(kind.trim(), "fp8" | "int8")
@@ -155,14 +182,17 @@ impl KvCache {
 
 /// How the GQA decoder stores its cache and lays out its query heads.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GqaLayout {
+pub struct GqaLayout<'a> {
     pub kv: KvCache,
+    /// One scale per layer for an 8-bit cache (`ExportOptions::kv_layer_scales`); empty:
+    /// `kv`'s scale for every layer.
+    pub layer_scales: &'a [f32],
     /// Pads the query heads as an 8-bit cache does whatever the cache type (with the
     /// activation type's cache this checks the padding alone, exactly: tests).
     pub pad_query_heads: bool,
 }
 
-impl GqaLayout {
+impl GqaLayout<'_> {
     /// Query heads per KV head in the attention node for a model of `group`: `group`, or
     /// for an 8-bit cache (or `pad_query_heads`) the group XQA takes ([`xqa_group`]).
     pub fn attention_group(self, group: usize) -> Result<usize, ExportError> {
@@ -187,6 +217,29 @@ pub fn xqa_group(group: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn per_layer_scales_are_one_positive_scale_per_layer_of_an_8bit_cache() {
+        let int8 = KvCache::Int8 { scale: 0.5 };
+        assert_eq!(int8.layer_scale(&[], 1, 2).unwrap(), Some(0.5));
+        assert_eq!(int8.layer_scale(&[0.25, 0.5], 0, 2).unwrap(), Some(0.25));
+        assert_eq!(KvCache::Activation.layer_scale(&[], 0, 2).unwrap(), None);
+        let e = int8.layer_scale(&[0.25], 0, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("1 per-layer KV scales") && e.contains("2 layers"),
+            "{e}"
+        );
+        let e = KvCache::Activation
+            .layer_scale(&[1.0, 1.0], 0, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("8-bit"), "{e}");
+        let e = int8
+            .layer_scale(&[0.25, 0.0], 1, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("layer 1 must be a positive number"), "{e}");
+    }
+
     #[test]
     fn a_calibrated_scale_maps_the_measured_range_to_the_largest_value() {
         assert_eq!(
@@ -219,6 +272,7 @@ mod tests {
         assert_eq!(xqa_group(33), None);
         let layout = |kv, pad_query_heads| GqaLayout {
             kv,
+            layer_scales: &[],
             pad_query_heads,
         };
         let fp8 = KvCache::Fp8 { scale: 1.0 };

@@ -50,6 +50,10 @@ pub struct Manifest {
     /// type). The runtime reads the type from the graph's inputs; this says how it was made.
     #[serde(default, skip_serializing_if = "is_activation")]
     pub kv_cache: crate::kv_cache::KvCache,
+    /// The 8-bit cache's scale per decoder layer when calibrated (`kv_cache` then holds the
+    /// largest); empty: `kv_cache`'s scale serves every layer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kv_layer_scales: Vec<f32>,
     /// Engines built ahead of time by `ocrctl build-engines`, by profile name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub engines: BTreeMap<String, crate::engines::EngineSet>,

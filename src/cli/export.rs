@@ -70,8 +70,8 @@ pub struct ExportArgs {
     #[arg(long, default_value = "auto")]
     kv_cache: String,
     /// Scale of an 8-bit KV cache (value = stored × scale; keys and values share it).
-    /// Without it, --calibrate measures it (largest |key| or |value| over the folder's pages
-    /// ÷ 448 for fp8, ÷ 127 for int8); else fp8 takes 1.0 and int8 needs one.
+    /// Without it, --calibrate measures one per layer (largest |key| or |value| over the
+    /// folder's pages ÷ 448 for fp8, ÷ 127 for int8); else fp8 takes 1.0 and int8 needs one.
     #[arg(long)]
     kv_scale: Option<f32>,
     /// Path of libonnxruntime.so for --calibrate (default: found automatically).
@@ -214,6 +214,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             false => KvCache::parse(&a.kv_cache, a.kv_scale)?,
         },
         pad_query_heads: false,
+        kv_layer_scales: Vec::new(),
     };
     let start = Instant::now();
     let mut opts = opts;
@@ -223,10 +224,19 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             opts.awq = Some(c.stats);
         }
         if kv_from_calibration {
-            opts.kv_cache = KvCache::calibrated(&a.kv_cache, c.kv_absmax)?;
+            // One scale per layer (each node has its own scale tensor); the manifest's
+            // `kv_cache` holds the largest, for people and the profile budget.
+            let largest = c.kv_absmax.iter().fold(0f32, |a, b| a.max(*b));
+            opts.kv_cache = KvCache::calibrated(&a.kv_cache, largest)?;
+            opts.kv_layer_scales = c
+                .kv_absmax
+                .iter()
+                .map(|m| KvCache::calibrated(&a.kv_cache, *m).map(|k| k.scale().expect("8-bit")))
+                .collect::<Result<_, _>>()?;
             eprintln!(
-                "KV cache: {:?} (largest |key| or |value| over the calibration prompts: {})",
-                opts.kv_cache, c.kv_absmax
+                "KV cache: {:?}, per layer {:?} (largest |key| or |value| over the calibration \
+                 prompts: {largest})",
+                opts.kv_cache, opts.kv_layer_scales
             );
         }
     }

@@ -49,9 +49,9 @@ pub fn image_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 pub struct Calibration {
     /// Per-channel statistics of every Linear's input (AWQ).
     pub stats: ActivationStats,
-    /// The largest |key| or |value| of any layer's cache entries (0 when the graphs have no
-    /// key/value outputs).
-    pub kv_absmax: f32,
+    /// The largest |key| or |value| of each decoder layer's cache entries, by layer (empty
+    /// when the graphs have no key/value outputs).
+    pub kv_absmax: Vec<f32>,
     /// Images that could be read.
     pub images: usize,
 }
@@ -64,14 +64,17 @@ pub fn collect(
     images: &[PathBuf],
 ) -> anyhow::Result<Calibration> {
     let sums: Arc<Mutex<BTreeMap<String, Sums>>> = Arc::default();
-    let kv_max: Arc<Mutex<f32>> = Arc::default();
+    let kv_max: Arc<Mutex<BTreeMap<usize, f32>>> = Arc::default();
     let sink = sums.clone();
     let kv_sink = kv_max.clone();
     model.set_tap(Some(Box::new(move |name, shape, data| {
-        if name.starts_with(ocrctl_exporters::kv_cache::CALIB_KV) {
+        if let Some(rest) = name.strip_prefix(ocrctl_exporters::kv_cache::CALIB_KV) {
+            // `{layer}.key` / `{layer}.value`
+            let layer = rest.split('.').next().and_then(|l| l.parse().ok());
             let m = data.iter().fold(0f32, |m, x| m.max(x.abs()));
             let mut all = kv_sink.lock().expect("calibration KV range");
-            *all = all.max(m);
+            let e = all.entry(layer.unwrap_or(usize::MAX)).or_insert(0.0);
+            *e = e.max(m);
             return;
         }
         let k = *shape.last().unwrap_or(&1);
@@ -119,7 +122,16 @@ pub fn collect(
             (name, st)
         })
         .collect();
-    let kv_absmax = *kv_max.lock().expect("calibration KV range");
+    let by_layer = std::mem::take(&mut *kv_max.lock().expect("calibration KV range"));
+    // Layers in order (0..n, as the exporter names them); an unnamed one would be a bug.
+    let kv_absmax = by_layer
+        .iter()
+        .enumerate()
+        .map(|(i, (l, m))| match *l == i {
+            true => Ok(*m),
+            false => Err(anyhow::anyhow!("calibration KV outputs skip layer {i}")),
+        })
+        .collect::<anyhow::Result<Vec<f32>>>()?;
     Ok(Calibration {
         stats,
         kv_absmax,
