@@ -36,7 +36,8 @@ def gqa(m):
     prod = {o: n for n in m.graph.node for o in n.output}
     n = next(n for n in m.graph.node if n.op_type == "GroupQueryAttention")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-    src = [(i, prod[i].op_type if i in prod else "input/initializer") for i in n.input]
+    src = [(i, "absent" if not i else prod[i].op_type if i in prod else "input/initializer")
+           for i in n.input]
     return f"{n.domain} {attrs}\n    inputs {src}\n    outputs {list(n.output)}"
 
 

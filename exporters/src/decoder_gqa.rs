@@ -152,20 +152,20 @@ pub fn build(
     // Keys and values of a layer share one scale tensor (XQA wants the same for both): one
     // for every layer, or one per layer when calibration measured them.
     let layers_n = t.num_layers;
-    let mut scales: Vec<Option<Value>> = Vec::with_capacity(layers_n);
-    for i in 0..layers_n {
-        let name = match layout.layer_scales.is_empty() {
-            true => "decoder_kv_cache_scale".to_string(),
-            false => format!("decoder_kv_cache_scale.{i}"),
-        };
-        scales.push(match kv.layer_scale(layout.layer_scales, i, layers_n)? {
-            Some(s) if i == 0 || !layout.layer_scales.is_empty() => {
-                Some(g.weight(&name, DType::F32, &[1], &[s])?)
-            }
-            Some(_) => scales[0].clone(),
-            None => None,
-        });
-    }
+    let scales: Vec<Option<Value>> = if layout.layer_scales.is_empty() {
+        let one = kv.scale();
+        let one = one.map(|s| g.weight("decoder_kv_cache_scale", DType::F32, &[1], &[s]));
+        vec![one.transpose()?; layers_n]
+    } else {
+        (0..layers_n)
+            .map(|i| {
+                let s = kv.layer_scale(layout.layer_scales, i, layers_n)?;
+                let name = format!("decoder_kv_cache_scale.{i}");
+                s.map(|s| g.weight(&name, DType::F32, &[1], &[s]))
+                    .transpose()
+            })
+            .collect::<Result<_, _>>()?
+    };
     let eps = t.rms_norm_eps;
     let mut x = x0;
     // The MLP output not yet added to the residual stream: the next norm adds it

@@ -395,7 +395,14 @@ pub fn export(
     }
     if opts.decoders.contains(&DecoderVariant::Gqa) {
         crate::decoder_gqa::check(&cfg, opts.target)?;
-    } else if opts.kv_cache != crate::kv_cache::KvCache::Activation {
+        // Per-layer scales checked before any graph is written.
+        let n = cfg.text.num_layers;
+        for i in 0..n {
+            opts.kv_cache.layer_scale(&opts.kv_layer_scales, i, n)?;
+        }
+    } else if opts.kv_cache != crate::kv_cache::KvCache::Activation
+        || !opts.kv_layer_scales.is_empty()
+    {
         return Err(ExportError::Invalid(format!(
             "--kv-cache {} applies to the gqa decoder: export with --decoder gqa",
             opts.kv_cache.name()

@@ -23,7 +23,8 @@
 //!   `--kv-cache-dtype fp8` without calibration: relative error per element ≤ 1/16.
 //! - `int8` (any GPU XQA runs on, and ONNX Runtime's CPU provider) has 255 even levels over
 //!   ±127·scale: keys and values beyond that are clipped. One scale must fit both, so it
-//!   needs a measured range; `--kv-scale` is required.
+//!   needs a measured range: `--kv-scale`, or `--calibrate`, which measures one scale per
+//!   layer ([`KvCache::calibrated`], `ExportOptions::kv_layer_scales`).
 //!
 //! The cache type is part of the graph (its `past_key_values.*` inputs' type); the runtime
 //! reads it from there and allocates the cache to match.
@@ -105,19 +106,37 @@ impl KvCache {
     pub fn calibrated(kind: &str, absmax: f32) -> Result<KvCache, ExportError> {
         if !(absmax.is_finite() && absmax > 0.0) {
             return Err(ExportError::Invalid(format!(
-                "calibration measured no usable key/value range (largest |x| {absmax})"
+                "--calibrate measured no usable key/value range (largest |x| {absmax})"
             )));
         }
-        match kind.trim() {
-            "fp8" => Ok(KvCache::Fp8 {
-                scale: absmax / FP8_E4M3_MAX,
-            }),
-            "int8" => Ok(KvCache::Int8 {
-                scale: absmax / 127.0,
-            }),
-            other => Err(ExportError::Invalid(format!(
-                "--kv-cache `{other}` takes no calibrated scale (fp8 or int8 do)"
-            ))),
+        let kv = match kind.trim() {
+            "fp8" => KvCache::Fp8 { scale: 1.0 },
+            "int8" => KvCache::Int8 { scale: 1.0 },
+            other => {
+                return Err(ExportError::Invalid(format!(
+                    "--kv-cache `{other}` takes no calibrated scale (fp8 or int8 do)"
+                )))
+            }
+        };
+        Ok(kv.with_scale(absmax / kv.largest_stored().expect("8-bit")))
+    }
+
+    /// The largest magnitude the stored type holds (448 for fp8 E4M3, 127 for int8); `None`
+    /// when not quantized.
+    pub fn largest_stored(self) -> Option<f32> {
+        match self {
+            KvCache::Activation => None,
+            KvCache::Fp8 { .. } => Some(FP8_E4M3_MAX),
+            KvCache::Int8 { .. } => Some(127.0),
+        }
+    }
+
+    /// The same 8-bit type with `scale` (the activation type has none: unchanged).
+    pub fn with_scale(self, scale: f32) -> KvCache {
+        match self {
+            KvCache::Activation => KvCache::Activation,
+            KvCache::Fp8 { .. } => KvCache::Fp8 { scale },
+            KvCache::Int8 { .. } => KvCache::Int8 { scale },
         }
     }
 

@@ -228,11 +228,12 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             // `kv_cache` holds the largest, for people and the profile budget.
             let largest = c.kv_absmax.iter().fold(0f32, |a, b| a.max(*b));
             opts.kv_cache = KvCache::calibrated(&a.kv_cache, largest)?;
-            opts.kv_layer_scales = c
-                .kv_absmax
-                .iter()
-                .map(|m| KvCache::calibrated(&a.kv_cache, *m).map(|k| k.scale().expect("8-bit")))
-                .collect::<Result<_, _>>()?;
+            let top = opts
+                .kv_cache
+                .largest_stored()
+                .expect("a calibrated cache is 8-bit");
+            // A layer that measured nothing gets 0, which the export refuses naming the layer.
+            opts.kv_layer_scales = c.kv_absmax.iter().map(|m| m / top).collect();
             eprintln!(
                 "KV cache: {:?}, per layer {:?} (largest |key| or |value| over the calibration \
                  prompts: {largest})",

@@ -14,7 +14,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use ocrctl::generation::engine::Engine;
+use ocrctl::generation::engine::{Engine, GenRequest};
 use ocrctl::generation::sampling::LoopGuard;
 use ocrctl::model::preprocess::DEFAULT_MAX_PIXELS;
 use ocrctl::runtime::devices::{self, Device};
@@ -90,7 +90,7 @@ pub struct ServeArgs {
     /// profile's GPU providers) or `cpu` (default: one engine, the profile's device 0).
     #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
     devices: Vec<Device>,
-    /// Page sizes to run once through the vision encoder and a prefill before the server
+    /// Page sizes to run once through the engine (a one-token request each) before the server
     /// reports ready, comma-separated `WIDTHxHEIGHT` of the images as sent (e.g. a PDF's
     /// pages rendered at a fixed DPI). On a GPU the first page of each new size otherwise
     /// pays for the kernels' plans (~200–250 ms on an H200, cuDNN attention).
@@ -101,13 +101,16 @@ pub struct ServeArgs {
 /// One page of a warm-up size, preprocessed as requests are: pixels and prompt.
 type WarmPage = (ndarray::Array4<f32>, Vec<u32>);
 
-/// Runs each warm-up page through `model`'s vision encoder and a prefill (the cache is
-/// dropped at once).
-fn warm_up(model: &mut OrtModel, pages: &[WarmPage], image_token_id: u32) -> anyhow::Result<()> {
-    use ocrctl::runtime::backend::Backend;
-    for (pixels, prompt) in pages {
-        let feats = model.encode_image(pixels)?;
-        ocrctl::generation::generate::prefill(model, prompt, image_token_id, &[feats])?;
+/// Runs each warm-up page through `engine` as a one-token request: the path requests take
+/// (the vision and prefill stages where the model has them), so every session a page of that
+/// size meets plans its kernels now.
+fn warm_up(engine: &mut Engine<OrtModel>, pages: &[WarmPage]) -> anyhow::Result<()> {
+    let requests = pages.iter().map(|(pixels, prompt)| GenRequest {
+        images: vec![pixels.clone()],
+        ..GenRequest::text(prompt.clone(), 1)
+    });
+    for r in engine.run(requests, &mut |_| {}) {
+        r?;
     }
     Ok(())
 }
@@ -138,15 +141,16 @@ fn spawn_engine(
         .spawn(move || {
             let t = std::time::Instant::now();
             match OrtModel::load(&dir, &opts) {
-                Ok(mut model) => {
+                Ok(model) => {
                     tracing::info!(
                         "model loaded{who} in {:.1} s (batch {batch})",
                         t.elapsed().as_secs_f64()
                     );
+                    let mut engine = Engine::new(model, batch, image_token_id);
                     if !warm.is_empty() {
                         let t = std::time::Instant::now();
                         // A page that fails here would fail as a request too: said, not fatal.
-                        match warm_up(&mut model, &warm, image_token_id) {
+                        match warm_up(&mut engine, &warm) {
                             Ok(()) => tracing::info!(
                                 "warmed up {} page size(s){who} in {:.1} s",
                                 warm.len(),
@@ -155,7 +159,6 @@ fn spawn_engine(
                             Err(e) => tracing::warn!("--warm-up{who} failed: {e}"),
                         }
                     }
-                    let engine = Engine::new(model, batch, image_token_id);
                     let s2 = shared.clone();
                     worker::supervise(
                         &shared,
