@@ -11,6 +11,15 @@
 //! first decode steps: a prefill on the stage's thread failed with that error, then a
 //! vision encoder run with a cuDNN error, two pages lost.
 //!
+//! A vision encoder run can collide the other way (H200, 2026-12-03, 2 of 6 fixture runs with
+//! the vision stage and CUDA graphs on, fp16 cache): the decoder's input synchronisation
+//! failed with that error while the stage's thread ran a page of a size not seen before, and
+//! that run failed in cuDNN's `execute` of its first convolution; the process had no capture
+//! of its own open then (scripts/capture_shim.c logged every one through the CUDA runtime:
+//! the decode graphs', all ended at load), so the capture was cuDNN's, on a new shape. Runs of
+//! sizes already seen never collided. So the first run of each input shape holds the lock
+//! alone too ([`hold`]).
+//!
 //! So a capture holds the lock [`exclusive`]ly and every GPU-touching entry point of a model
 //! (the [`crate::runtime::backend::Backend`] methods, the stages' encoder and prefill, a
 //! model's loading) holds it [`shared`]: captures wait for running work to finish, and work
@@ -77,6 +86,29 @@ pub(crate) fn exclusive() -> RwLockWriteGuard<'static, ()> {
     LOCK.write().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A hold of the lock, [`shared`] or [`exclusive`] (see [`hold`]).
+pub(crate) enum Hold {
+    /// Other threads' work goes on; captures wait.
+    Shared { _hold: Shared },
+    /// Nothing else on the GPU meanwhile (what a capture needs).
+    Alone {
+        _guard: RwLockWriteGuard<'static, ()>,
+    },
+}
+
+/// Holds the lock alone when `alone` (work that may capture a stream of its own, such as a
+/// session's first run of a shape) and this thread holds it nowhere else; shared otherwise
+/// (a nested hold cannot become exclusive without waiting for itself).
+pub(crate) fn hold(alone: bool) -> Hold {
+    if alone && DEPTH.with(Cell::get) == 0 {
+        Hold::Alone {
+            _guard: exclusive(),
+        }
+    } else {
+        Hold::Shared { _hold: shared() }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +147,25 @@ mod tests {
         assert_eq!((inside, DEPTH.with(Cell::get)), (0, 1));
         assert!(LOCK.try_write().is_err(), "held shared again");
         drop(load);
+        assert_eq!(DEPTH.with(Cell::get), 0);
+    }
+
+    #[test]
+    fn hold_is_alone_only_when_asked_and_not_nested() {
+        // Alone: no other hold can be taken meanwhile.
+        let alone = hold(true);
+        assert!(matches!(alone, Hold::Alone { .. }));
+        assert!(LOCK.try_read().is_err());
+        drop(alone);
+        // Not asked: shared (no capture can start; other tests' holds make more racy).
+        let shared_hold = hold(false);
+        assert!(matches!(shared_hold, Hold::Shared { .. }));
+        assert!(LOCK.try_write().is_err());
+        // Asked inside a shared hold of this thread: shared (exclusive would wait forever).
+        let nested = hold(true);
+        assert!(matches!(nested, Hold::Shared { .. }));
+        drop(nested);
+        drop(shared_hold);
         assert_eq!(DEPTH.with(Cell::get), 0);
     }
 }

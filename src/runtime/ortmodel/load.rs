@@ -202,7 +202,7 @@ impl OrtModel {
         Ok(OrtModel {
             gqa,
             act,
-            vision: Arc::new(Mutex::new(vision)),
+            vision: Arc::new(Mutex::new(Vision::new(vision))),
             embed,
             decoder_takes_positions: decoder
                 .session

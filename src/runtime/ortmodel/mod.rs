@@ -25,7 +25,7 @@ mod session;
 mod stage;
 mod tensors;
 mod vision;
-use vision::{encode, VisionHandle};
+use vision::{Vision, VisionHandle};
 
 pub use binding::{KvPath, KvStats};
 pub use kv::OrtCache;
@@ -126,7 +126,7 @@ pub struct OrtModel {
     pub dir: PathBuf,
     act: DType,
     /// The vision encoder, shared with the [`VisionHandle`]s given to a vision stage.
-    vision: Arc<Mutex<Session>>,
+    vision: Arc<Mutex<Vision>>,
     embed: Session,
     decoder: Session,
     /// Whether the merged decoder takes `position_ids` (`--target tensorrt` graphs and older
@@ -247,9 +247,7 @@ impl Backend for OrtModel {
     }
 
     fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-        let _gpu = capture::shared();
-        let mut vision = self.vision.lock().unwrap_or_else(|e| e.into_inner());
-        encode(&mut vision, pixel_values, &mut self.tap)
+        vision::run(&self.vision, pixel_values, &mut self.tap)
     }
 
     fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {

@@ -8,24 +8,61 @@ use crate::runtime::backend::{BackendError, ImageEncoder};
 use ndarray::{Array2, Array4};
 use ort::session::{Session, SessionInputValue};
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The vision encoder's session and the image sizes (height, width) it has encoded.
+pub(super) struct Vision {
+    session: Session,
+    sizes: HashSet<(usize, usize)>,
+}
+
+impl Vision {
+    pub(super) fn new(session: Session) -> Self {
+        Self {
+            session,
+            sizes: HashSet::new(),
+        }
+    }
+}
 
 /// The vision encoder of an [`super::OrtModel`], for a vision stage's thread (the model keeps using
 /// it too: runs take turns through the mutex).
 pub(super) struct VisionHandle {
-    pub(super) vision: Arc<Mutex<Session>>,
+    pub(super) vision: Arc<Mutex<Vision>>,
 }
 
 impl ImageEncoder for VisionHandle {
     fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-        let _gpu = super::capture::shared();
-        let mut vision = self.vision.lock().unwrap_or_else(|e| e.into_inner());
-        encode(&mut vision, pixel_values, &mut None)
+        run(&self.vision, pixel_values, &mut None)
     }
 }
 
+fn lock(vision: &Mutex<Vision>) -> MutexGuard<'_, Vision> {
+    vision.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// [`encode`] under the capture lock: alone for an image size the encoder has not run yet
+/// (cuDNN may capture a stream of its own on a new shape, and then any other thread's
+/// synchronisation fails both: see [`super::capture`]), shared otherwise. The first page
+/// of a size thus waits for the decode step in flight and holds the next one back for one
+/// encoder run, once per size.
+pub(super) fn run(
+    vision: &Mutex<Vision>,
+    pixel_values: &Array4<f32>,
+    tap: &mut Option<Tap>,
+) -> Result<Array2<f32>, BackendError> {
+    let size = (pixel_values.shape()[2], pixel_values.shape()[3]);
+    let new = !lock(vision).sizes.contains(&size);
+    let _gpu = super::capture::hold(new);
+    let mut v = lock(vision);
+    let out = encode(&mut v.session, pixel_values, tap)?;
+    v.sizes.insert(size);
+    Ok(out)
+}
+
 /// `pixel_values [1, 3, H, W]` through the vision session → `[N, hidden]` float32.
-pub(super) fn encode(
+fn encode(
     vision: &mut Session,
     pixel_values: &Array4<f32>,
     tap: &mut Option<Tap>,
