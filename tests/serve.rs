@@ -703,7 +703,8 @@ fn api_key_is_required_on_v1_when_set() {
 #[test]
 fn warm_up_sizes_run_before_ready_and_bad_ones_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path(), 1, 4, &["--warm-up", "300x200, 200x300"]);
+    // A trailing comma (an empty entry) lists nothing more.
+    let s = server(dir.path(), 1, 4, &["--warm-up", "300x200, 200x300,"]);
     // The line comes before ready; stderr is read on a thread of its own, so allow it a moment.
     let warmed = (0..50).any(|_| {
         let seen = s.log.lock().unwrap().contains("warmed up 2 page size(s)");

@@ -93,7 +93,8 @@ pub struct ServeArgs {
     /// Page sizes to run once through the engine (a one-token request each) before the server
     /// reports ready, comma-separated `WIDTHxHEIGHT` of the images as sent (e.g. a PDF's
     /// pages rendered at a fixed DPI). On a GPU the first page of each new size otherwise
-    /// pays for the kernels' plans (~200–250 ms on an H200, cuDNN attention).
+    /// pays for the kernels' plans (an A4 page's one-token request on an H200: 580 ms cold,
+    /// 96 ms warmed up). An empty value lists none.
     #[arg(long, env = "OCRCTL_WARM_UP", value_delimiter = ',')]
     warm_up: Vec<String>,
 }
@@ -218,6 +219,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     let warm = a
         .warm_up
         .iter()
+        .filter(|s| !s.trim().is_empty())
         .map(|s| -> anyhow::Result<WarmPage> {
             let (w, h) = crate::cli::common::parse_size("--warm-up", s)?;
             if w as u64 * h as u64 > a.max_pixels {
