@@ -20,6 +20,13 @@
 #            ONNX Runtime's basic optimizations only (batch 64).
 #   check    both decoders' batch-64 steps with and without ONNX Runtime's query/key-norm
 #            fusion into the attention node.
+#   race     the fixture RUNS (8) times per cache (int8, fp8, fp16), CUDA graphs off/on,
+#            vision stage on/off, under scripts/capture_shim.c (every stream capture and
+#            failing device synchronisation logged with thread and library): which thread
+#            captures when a page fails with "operation not permitted when stream is capturing".
+#            Knobs: RACE_CACHES (int8 fp8 auto), RACE_GRAPHS (off on), RACE_VISION (on off).
+#   warmup   `serve` with the dummy fp16-cache model, without and with --warm-up 1092x1540:
+#            the first and second one-token A4 requests' latency after /health says ready.
 # Needs ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst, carried as for scripts/gpu_ab.sh.
 # Knobs: STEP (probe fixture sweep; diagnose on request), INT8_SCALE (0.1), FP16_BATCHES (1,256),
 # FP8_BATCHES (1,128,256,512), NEW_TOKENS (1024).
@@ -27,8 +34,6 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu_env.sh
 results_dir
-# An 8-bit cache loads on a GPU only with this (experimental, see src/runtime/ortmodel/load.rs).
-export OCRCTL_EXPERIMENTAL_KV8=1
 FX=tests/fixtures/tiny-lightonocr
 # The dummy full-size model with an fp8 cache in /tmp/dummy-fp8, once per machine.
 export_fp8() {
@@ -146,6 +151,59 @@ for step in ${STEP:-probe fixture sweep}; do
       | grep -v Warning | tee "$R/bisect.txt"
     OPT=basic PYTHONPATH=/opt/ortgpu python3 scripts/gpu_kv_decoder_probe.py 64 /tmp/dummy-fp8 \
       2>&1 | grep -v Warning | tee -a "$R/bisect.txt"
+    ;;
+  race)
+    shim=/opt/ortparts/capture_shim.so
+    cp .ortgpu/capture_shim.so $shim 2>/dev/null || cc -shared -fPIC -O1 -o $shim \
+      scripts/capture_shim.c -ldl
+    for name in ${RACE_CACHES:-int8 fp8 auto}; do
+      kv=$name; [ "$name" = int8 ] && kv="int8 --kv-scale ${INT8_SCALE:-0.1}"
+      # shellcheck disable=SC2086
+      [ -d /tmp/fixture-kv-$name ] || $BIN export --checkpoint $FX/checkpoint \
+        --out /tmp/fixture-kv-$name --precision fp16 --decoder gqa --kv-cache $kv >/dev/null
+      for graphs in ${RACE_GRAPHS:-off on}; do
+        for vs in ${RACE_VISION:-on off}; do
+          failed=0
+          for i in $(seq "${RUNS:-8}"); do
+            log=$R/race-$name-g$graphs-v$vs-$i.log
+            LD_PRELOAD=$shim $BIN ocr --model /tmp/fixture-kv-$name --decoder gqa \
+              --precision fp16 --providers cuda --strict-providers --cuda-graphs $graphs \
+              --vision-stage $vs --max-tokens 40 --ignore-eos --temperature 0 --json --quiet \
+              --batch-size 5 $FX/images/* >/dev/null 2>"$log"
+            if grep -q "^error" "$log"; then failed=$((failed + 1)); else rm "$log"; fi
+          done
+          echo "cache $name, graphs $graphs, vision stage $vs: $failed of ${RUNS:-8} runs lost a page" \
+            | tee -a "$R/race.txt"
+        done
+      done
+    done
+    for f in "$R"/race-*.log; do
+      [ -f "$f" ] || continue
+      echo "== $f"; grep -E "capture_shim|^error" "$f" | tail -12
+    done | tee -a "$R/race.txt"
+    ;;
+  warmup)
+    export_with b "$BIN"
+    python3 -c "from PIL import Image, ImageDraw; im = Image.new('RGB', (1092, 1540), 'white')
+d = ImageDraw.Draw(im)
+for y in range(60, 1500, 40): d.rectangle([60, y, 1030, y + 12], fill='black')
+im.save('/tmp/a4.png')"
+    for w in "" 1092x1540; do
+      [ -n "$w" ] && export OCRCTL_WARM_UP=$w
+      $BIN serve --model /tmp/dummy-b --precision fp16 --decoder gqa \
+        --providers cuda --cuda-graphs on --port 18080 2>"$R/warmup-${w:-none}.log" &
+      pid=$!
+      t0=$(date +%s%N)
+      until curl -sf localhost:18080/health >/dev/null; do sleep 0.2; kill -0 $pid || break; done
+      echo "warm-up '${w:-none}': ready after $(( ($(date +%s%N) - t0) / 1000000 )) ms" \
+        | tee -a "$R/warmup.txt"
+      for n in first second third; do
+        echo "$n request: $(python3 scripts/load.py --url http://127.0.0.1:18080 \
+          --image /tmp/a4.png --requests 1 --concurrency 1 --max-tokens 1 --json)" \
+          | tee -a "$R/warmup.txt"
+      done
+      kill -TERM $pid; wait $pid
+    done
     ;;
   sweep)
     export_with b "$BIN"

@@ -3,7 +3,6 @@
 //! stages' sessions, as the [`LoadOptions`] ask.
 
 use super::*;
-use ort::value::TensorElementType;
 
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
@@ -117,16 +116,6 @@ impl OrtModel {
         let gqa = match variant {
             DecoderVariant::Merged => None,
             DecoderVariant::Gqa => {
-                let gpu_kv8 = std::env::var(EXPERIMENTAL_KV8).ok();
-                kv8_gate(
-                    gqa::cache_element_type(&decoder.session, act),
-                    decoder.provider.is_gpu(),
-                    gpu_kv8.as_deref(),
-                )
-                .map_err(|message| LoadError::Session {
-                    path: decoder_path.clone(),
-                    message,
-                })?;
                 let max_pos = t.max_position_embeddings.max(1);
                 let max_seq = match opts.max_sequence_length {
                     0 => max_pos.min(8192),
@@ -235,49 +224,5 @@ impl OrtModel {
             dir: dir.to_path_buf(),
             manifest,
         })
-    }
-}
-
-/// The variable that lets a GPU load an export with an 8-bit KV cache.
-pub const EXPERIMENTAL_KV8: &str = "OCRCTL_EXPERIMENTAL_KV8";
-
-/// Whether a GQA decoder whose cache inputs are of type `cache` may load on a GPU (`gpu`)
-/// given [`EXPERIMENTAL_KV8`]'s value (an 8-bit type needs it set to `1`). An 8-bit cache is
-/// experimental there: on the H200 the fixture's ids equal the reference's, but the full-size
-/// speed with ONNX Runtime's query/key-norm fusion left out
-/// (`session::KV8_DISABLED_OPTIMIZERS`, the cause of the slow final build) is not measured
-/// end to end yet, and one fixture run lost a page to a CUDA stream-capture error not
-/// explained yet (docs/benchmarks/2026-12-03-kv-cache/). ONNX Runtime's CPU provider runs it
-/// (int8) as tested in CI.
-fn kv8_gate(cache: TensorElementType, gpu: bool, var: Option<&str>) -> Result<(), String> {
-    if cache.byte_size(1) != Some(1) || !gpu || var == Some("1") {
-        return Ok(());
-    }
-    Err(format!(
-        "this export has an 8-bit KV cache ({cache:?}, --kv-cache fp8|int8), experimental on \
-         GPUs: its full-size speed on the H200 is not measured yet since the fix for a slow \
-         path, and one run lost a page to a CUDA stream-capture error, not explained yet. Set {EXPERIMENTAL_KV8}=1 to load it \
-         anyway, or export with --kv-cache auto"
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_8bit_cache_needs_the_variable_on_gpus_only() {
-        let fp8 = TensorElementType::Float8E4M3FN;
-        assert!(kv8_gate(TensorElementType::Float16, true, None).is_ok());
-        assert!(kv8_gate(TensorElementType::Float32, true, None).is_ok());
-        assert!(kv8_gate(fp8, false, None).is_ok());
-        assert!(kv8_gate(fp8, true, Some("1")).is_ok());
-        let e = kv8_gate(fp8, true, None).unwrap_err();
-        assert!(
-            e.contains(EXPERIMENTAL_KV8) && e.contains("--kv-cache"),
-            "{e}"
-        );
-        assert!(kv8_gate(fp8, true, Some("yes")).is_err());
-        assert!(kv8_gate(TensorElementType::Int8, true, None).is_err());
     }
 }
