@@ -44,6 +44,20 @@ pub fn parse_gpu_mib(csv: &str, index: usize) -> Option<(f64, f64)> {
     Some((t.trim().parse().ok()?, u.trim().parse().ok()?))
 }
 
+/// Compute capability `(major, minor)` of GPU `index` from `--query-gpu=compute_cap` CSV
+/// output (`noheader,nounits`, one line per GPU, e.g. `9.0`).
+pub fn parse_compute_cap(csv: &str, index: usize) -> Option<(u32, u32)> {
+    let line = csv.lines().filter(|l| !l.trim().is_empty()).nth(index)?;
+    let (major, minor) = line.trim().split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// Compute capability of GPU `index` as `nvidia-smi` numbers GPUs, if it can tell (drivers
+/// since 510; `CUDA_VISIBLE_DEVICES` may number them differently).
+pub fn compute_capability(index: usize) -> Option<(u32, u32)> {
+    parse_compute_cap(&nvidia_smi("--query-gpu=compute_cap")?, index)
+}
+
 fn nvidia_smi(query: &str) -> Option<String> {
     let out = Command::new("nvidia-smi")
         .args([query, "--format=csv,noheader,nounits"])
@@ -159,6 +173,16 @@ mod tests {
         assert_eq!(parse_gpu_mib(csv, 1), Some((143771.0, 5.0)));
         assert_eq!(parse_gpu_mib(csv, 2), None);
         assert_eq!(parse_gpu_mib("[N/A], [N/A]\n", 0), None);
+    }
+
+    #[test]
+    fn compute_capability_is_read_per_device() {
+        let csv = "9.0\n8.6\n\n12.0\n";
+        assert_eq!(parse_compute_cap(csv, 0), Some((9, 0)));
+        assert_eq!(parse_compute_cap(csv, 1), Some((8, 6)));
+        assert_eq!(parse_compute_cap(csv, 2), Some((12, 0)));
+        assert_eq!(parse_compute_cap(csv, 3), None);
+        assert_eq!(parse_compute_cap("[N/A]\n", 0), None);
     }
 
     #[test]

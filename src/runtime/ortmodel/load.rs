@@ -3,6 +3,7 @@
 //! stages' sessions, as the [`LoadOptions`] ask.
 
 use super::*;
+use ort::value::TensorElementType;
 
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
@@ -116,6 +117,20 @@ impl OrtModel {
         let gqa = match variant {
             DecoderVariant::Merged => None,
             DecoderVariant::Gqa => {
+                let kind = gqa::cache_element_type(&decoder.session, act);
+                let one_byte = matches!(
+                    kind,
+                    TensorElementType::Float8E4M3FN | TensorElementType::Int8
+                );
+                if decoder.provider.is_gpu() && one_byte {
+                    // Asked once per load, of nvidia-smi (~0.1 s), only for an 8-bit cache.
+                    let cc = crate::runtime::gpumem::compute_capability(
+                        opts.providers.device_id.max(0) as usize,
+                    );
+                    if let Some(w) = slow_cache_warning(kind, cc) {
+                        tracing::warn!("{}: {w}", decoder_path.display());
+                    }
+                }
                 let max_pos = t.max_position_embeddings.max(1);
                 let max_seq = match opts.max_sequence_length {
                     0 => max_pos.min(8192),
@@ -224,5 +239,51 @@ impl OrtModel {
             dir: dir.to_path_buf(),
             manifest,
         })
+    }
+}
+
+/// Why an 8-bit KV cache of type `cache` will be slow on a GPU of compute capability `cc`,
+/// if it will: ONNX Runtime's GroupQueryAttention decodes it through XQA only from 8.9 on
+/// (fp8) or 8.0 (int8), and below that dequantizes the whole cache every step
+/// (`contrib_ops/cuda/bert/group_query_attention.cc`, 1.31), slower than an fp16 cache.
+fn slow_cache_warning(cache: TensorElementType, cc: Option<(u32, u32)>) -> Option<String> {
+    let (need, other) = match cache {
+        TensorElementType::Float8E4M3FN => ((8, 9), "--kv-cache int8 (8.0 and later) or auto"),
+        TensorElementType::Int8 => ((8, 0), "--kv-cache auto"),
+        _ => return None,
+    };
+    let (major, minor) = cc?;
+    ((major, minor) < need).then(|| {
+        format!(
+            "this export's {cache:?} KV cache needs compute capability {}.{} for ONNX Runtime's \
+             XQA kernel; this GPU has {major}.{minor}, so every decode step dequantizes the \
+             whole cache (slower than an fp16 cache): export with {other}",
+            need.0, need.1
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_8bit_cache_below_its_compute_capability_is_named() {
+        let fp8 = TensorElementType::Float8E4M3FN;
+        let int8 = TensorElementType::Int8;
+        let w = slow_cache_warning(fp8, Some((8, 6))).unwrap();
+        assert!(
+            w.contains("8.9") && w.contains("8.6") && w.contains("--kv-cache int8"),
+            "{w}"
+        );
+        assert!(slow_cache_warning(fp8, Some((8, 9))).is_none());
+        assert!(slow_cache_warning(fp8, Some((9, 0))).is_none());
+        assert!(slow_cache_warning(fp8, Some((12, 0))).is_none());
+        assert!(slow_cache_warning(int8, Some((8, 6))).is_none());
+        let w = slow_cache_warning(int8, Some((7, 5))).unwrap();
+        assert!(w.contains("8.0") && w.contains("7.5"), "{w}");
+        // Not an 8-bit cache, or nothing known of the GPU: nothing to say.
+        assert!(slow_cache_warning(TensorElementType::Float16, Some((7, 5))).is_none());
+        assert!(slow_cache_warning(fp8, None).is_none());
     }
 }
