@@ -1,0 +1,195 @@
+//! Other clients: the upload page in headless Chromium, the `openai` Python client, PDF
+//! uploads.
+
+use super::*;
+
+#[test]
+fn upload_page_in_headless_chromium_shows_the_text() {
+    const TEST: &str = "upload_page_in_headless_chromium_shows_the_text";
+    let browser = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    // upload.mjs launches $CHROMIUM when set, else the `chromium` found here.
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .or_else(|| common::on_path("chromium"));
+    let tools = [
+        (
+            "node",
+            common::runs("node", &["--version"]),
+            "install Node.js: apt-get install nodejs npm",
+        ),
+        (
+            "tests/browser/node_modules/playwright-core",
+            browser.join("node_modules/playwright-core").is_dir(),
+            "run scripts/setup.sh --test: npm ci in tests/browser",
+        ),
+        (
+            "chromium",
+            chromium.is_some(),
+            "run scripts/setup.sh --test: Debian's chromium, apt-get install chromium",
+        ),
+    ];
+    if !tools
+        .iter()
+        .all(|&(tool, present, install)| common::require_tool(TEST, tool, present, install))
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 1, 4, &[]);
+    let want = cli("aligned.png", 32)["text"].as_str().unwrap().to_string();
+    let out = Command::new("node")
+        .current_dir(&browser)
+        .env("CHROMIUM", chromium.expect("checked above"))
+        .args([
+            "upload.mjs",
+            &format!("http://{}/", s.addr),
+            image("aligned.png").to_str().unwrap(),
+            "32",
+        ])
+        .output()
+        .expect("node runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["text"].as_str().unwrap(), want);
+    assert!(v["status"].as_str().unwrap().starts_with("Done"), "{v}");
+}
+
+#[test]
+fn the_openai_python_client_gets_the_cli_answer() {
+    let python = common::venv_python();
+    if !common::require_tool(
+        "the_openai_python_client_gets_the_cli_answer",
+        ".venv/bin/python with the openai package",
+        common::runs(&python, &["-c", "import openai"]),
+        "run scripts/setup.sh --test",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(
+        dir.path(),
+        2,
+        8,
+        &["--served-model-name", "tiny-ocr", "--api-key", "k-123"],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
+    for name in ["photo.jpg", "unaligned.png"] {
+        let want = cli(name, MAX_TOKENS);
+        let out = Command::new(&python)
+            .arg(&script)
+            .args([
+                &format!("http://{}/v1", s.addr),
+                "tiny-ocr",
+                image(name).to_str().unwrap(),
+                &MAX_TOKENS.to_string(),
+                "k-123",
+            ])
+            .output()
+            .expect(".venv/bin/python runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let text = want["text"].as_str().unwrap();
+        assert_eq!(v["models"], json!(["tiny-ocr"]));
+        assert_eq!(v["text"], text, "{name}");
+        assert_eq!(v["stream_text"], text, "{name}");
+        assert_eq!(v["stream_role"], "assistant");
+        let n = want["token_ids"].as_array().unwrap().len();
+        assert_eq!(v["usage"]["completion_tokens"], n);
+        assert_eq!(v["usage"]["prompt_tokens"], want["prompt_tokens"]);
+        assert_eq!(v["stream_usage"]["completion_tokens"], n);
+        assert_eq!(v["finish_reason"], v["stream_finish_reason"]);
+        assert!(v["stream_chunks"].as_u64().unwrap() >= 3);
+        let lps = v["logprobs"].as_array().unwrap();
+        assert_eq!(lps.len(), n);
+        for (got, cli_top) in lps.iter().zip(want["top_logprobs"].as_array().unwrap()) {
+            assert!(
+                (got["logprob"].as_f64().unwrap() - cli_top[0]["logprob"].as_f64().unwrap()).abs()
+                    < 1e-4
+            );
+            assert_eq!(got["top"].as_array().unwrap().len(), 2);
+        }
+    }
+}
+
+#[test]
+fn a_pdf_upload_reads_like_its_pages_and_bad_pdfs_are_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 2, 8, &[]);
+    let pdfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pdf");
+    let pdf = std::fs::read(pdfs.join("two_pages.pdf")).unwrap();
+    // Each page on its own, rendered through the library like the server does.
+    let pages = ocrctl::documents::pdf::render_pdf(&pdf, "two_pages.pdf", None).unwrap();
+    assert_eq!(pages.len(), 2);
+    let mut want = Vec::new();
+    for (i, p) in pages.iter().enumerate() {
+        let mut png = Vec::new();
+        p.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+            .unwrap();
+        let (ct, mp) = multipart(
+            &[("max_tokens", "16"), ("temperature", "0")],
+            Some((&format!("p{i}.png"), &png)),
+        );
+        let r = request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        want.push(r.text().trim_end_matches('\n').to_string());
+    }
+    let (ct, mp) = multipart(
+        &[("max_tokens", "16"), ("temperature", "0")],
+        Some(("two_pages.pdf", &pdf)),
+    );
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/ocr?format=json",
+        &[("Content-Type", &ct)],
+        &mp,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["pages"][0]["text"], want[0]);
+    assert_eq!(v["pages"][1]["text"], want[1]);
+    assert_eq!(
+        v["text"],
+        format!(
+            "{}{}{}",
+            want[0],
+            ocrctl::documents::inputs::page_separator(2),
+            want[1]
+        )
+    );
+    // Streamed: the same markdown.
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/ocr?stream=true",
+        &[("Content-Type", &ct)],
+        &mp,
+    )
+    .unwrap();
+    assert_eq!(r.text(), v["text"].as_str().unwrap());
+    for (file, needle) in [
+        ("encrypted.pdf", "encrypted"),
+        ("truncated.pdf", "truncated.pdf"),
+    ] {
+        let bytes = std::fs::read(pdfs.join(file)).unwrap();
+        let (ct, mp) = multipart(&[], Some((file, &bytes)));
+        let r = request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap();
+        assert_eq!(r.status, 400, "{file}: {}", r.text());
+        let e = r.json();
+        assert_eq!(e["error"]["param"], "file");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(needle),
+            "{e}"
+        );
+    }
+}
