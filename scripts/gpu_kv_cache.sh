@@ -25,6 +25,9 @@
 #            failing device synchronisation logged with thread and library): which thread
 #            captures when a page fails with "operation not permitted when stream is capturing".
 #            Knobs: RACE_CACHES (int8 fp8 auto), RACE_GRAPHS (off on), RACE_VISION (on off).
+#   baseline the fp8 cache against the transformers reference in the same call
+#            (scripts/bench_transformers.py: bf16 SDPA, random weights, the same A4 page):
+#            batches 1 and 8, TF_TOKENS (256) new tokens.
 #   warmup   `serve` with the dummy fp16-cache model, without and with --warm-up 1092x1540:
 #            the first and second one-token A4 requests' latency after /health says ready.
 # Needs ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst, carried as for scripts/gpu_ab.sh.
@@ -181,6 +184,16 @@ for step in ${STEP:-probe fixture sweep}; do
       [ -f "$f" ] || continue
       echo "== $f"; grep -E "capture_shim|^error" "$f" | tail -12
     done | tee -a "$R/race.txt"
+    ;;
+  baseline)
+    export_fp8
+    $BIN bench --model /tmp/dummy-fp8 --precision fp16 --decoder gqa --providers cuda \
+      --strict-providers --cuda-graphs on --sizes 1092x1540 --new-tokens "${TF_TOKENS:-256}" \
+      --runs 1 --batch-sizes 1,8 --json-out "$R/baseline-fp8.json" > "$R/baseline-fp8.txt" 2>&1
+    grep -E "^ +(batch|[0-9]+ +[0-9]+ )" "$R/baseline-fp8.txt"
+    python3 scripts/bench_transformers.py --size 1092x1540 --new-tokens "${TF_TOKENS:-256}" \
+      --batches 1,8 > "$R/baseline-transformers.json" 2> "$R/baseline-transformers.err"
+    tail -2 "$R/baseline-transformers.err"; cat "$R/baseline-transformers.json"
     ;;
   warmup)
     export_with b "$BIN"
