@@ -168,11 +168,25 @@ fn an_int8_cache_scaled_by_calibration_keeps_the_reference_ids() {
         panic!("calibrated export records {:?}", m.kv_cache)
     };
     let absmax: f32 = log
-        .split("over the calibration prompts: ")
+        .split("generated tokens: ")
         .nth(1)
         .and_then(|s| s.split(')').next())
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or_else(|| panic!("no measured range in:\n{log}"));
+    // Generated tokens counted too: at least one per page, at most the limit per page.
+    let generated: usize = log
+        .split("prompts and ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no generated-token count in:\n{log}"));
+    let pages = ocrctl::quality::calibrate::image_files(&images)
+        .unwrap()
+        .len();
+    assert!(
+        (pages..=pages * ocrctl::quality::calibrate::KV_DECODE_TOKENS).contains(&generated),
+        "{generated} tokens for {pages} pages"
+    );
     assert!(
         absmax > 0.0 && (scale * 127.0 - absmax).abs() <= 1e-5 * absmax,
         "{scale} {absmax}"

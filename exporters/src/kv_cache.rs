@@ -101,7 +101,7 @@ impl KvCache {
     }
 
     /// `kind` (`fp8` or `int8`) with the scale that maps `absmax`, the largest |key| or
-    /// |value| measured over calibration prompts (`ocrctl export --calibrate`), to the type's
+    /// |value| measured over calibration pages (`ocrctl export --calibrate`), to the type's
     /// largest value: nothing measured is clipped (as vLLM's `amax / max` KV scales).
     pub fn calibrated(kind: &str, absmax: f32) -> Result<KvCache, ExportError> {
         if !(absmax.is_finite() && absmax > 0.0) {

@@ -128,7 +128,7 @@ fn calibrate(
     let mut lo = LoadOptions::new(Precision::Fp32);
     lo.ort_lib = ort_lib;
     let mut model = OrtModel::load(&calib_out, &lo)?;
-    let c = calibrate::collect(&mut model, &calib_out, &images)?;
+    let c = calibrate::collect(&mut model, &calib_out, &images, kv_scale)?;
     if c.images == 0 {
         anyhow::bail!(
             "--calibrate {}: none of the {} image file(s) could be read",
@@ -235,8 +235,8 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             opts.kv_layer_scales = c.kv_absmax.iter().map(|m| m / top).collect();
             eprintln!(
                 "KV cache: {:?}, per layer {:?} (largest |key| or |value| over the calibration \
-                 prompts: {largest})",
-                opts.kv_cache, opts.kv_layer_scales
+                 pages' prompts and {} generated tokens: {largest})",
+                opts.kv_cache, opts.kv_layer_scales, c.kv_decoded_tokens
             );
         }
     }

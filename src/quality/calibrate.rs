@@ -7,16 +7,25 @@
 //! covers the image tokens and the prompt, which dominate a page's activations.
 //!
 //! The same run measures the largest |key| or |value| the decoder's cache would store
-//! (`calib.kv_cache.*` outputs): the scale of an 8-bit KV cache (`--kv-cache fp8|int8`).
+//! (`calib.kv_cache.*` outputs): the scale of an 8-bit KV cache (`--kv-cache fp8|int8`). For
+//! that range the pages are also decoded greedily for up to [`KV_DECODE_TOKENS`] tokens (to
+//! their end of sequence), so that the keys and values of generated text count as well as
+//! the prompt's; those steps add nothing to the AWQ statistics.
 
-use crate::generation::generate::prefill;
+use crate::generation::generate::{argmax_and_top_k, prefill};
 use crate::model::preprocess;
 use crate::runtime::backend::Backend;
 use crate::runtime::ortmodel::OrtModel;
 use ocrctl_exporters::awq::{ActivationStats, ChannelStats};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Greedy tokens decoded after each calibration page's prompt when the KV range is measured
+/// ([`collect`]'s `kv_decode`): about a paragraph of text, against ~2 000 prompt positions of
+/// an A4 page. Each step costs one decoder run on the CPU (fp32).
+pub const KV_DECODE_TOKENS: usize = 64;
 
 /// File extensions accepted as calibration images.
 pub const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "webp", "tif", "tiff"];
@@ -54,27 +63,42 @@ pub struct Calibration {
     pub kv_absmax: Vec<f32>,
     /// Images that could be read.
     pub images: usize,
+    /// Generated tokens whose keys and values were measured (decode steps seen by the tap).
+    pub kv_decoded_tokens: usize,
 }
 
-/// Runs `model` (a calibration export) over `images`. Unreadable images are reported and
-/// skipped.
+/// Runs `model` (a calibration export) over `images`; with `kv_decode`, each page is also
+/// decoded greedily for up to [`KV_DECODE_TOKENS`] tokens for the KV range. Unreadable
+/// images are reported and skipped.
 pub fn collect(
     model: &mut OrtModel,
     dir: &Path,
     images: &[PathBuf],
+    kv_decode: bool,
 ) -> anyhow::Result<Calibration> {
     let sums: Arc<Mutex<BTreeMap<String, Sums>>> = Arc::default();
     let kv_max: Arc<Mutex<BTreeMap<usize, f32>>> = Arc::default();
     let sink = sums.clone();
     let kv_sink = kv_max.clone();
+    // Set while decode steps run: only the KV range is taken from them.
+    let decoding = Arc::new(AtomicBool::new(false));
+    let in_decode = decoding.clone();
+    let decoded = Arc::new(AtomicUsize::new(0));
+    let decoded_sink = decoded.clone();
     model.set_tap(Some(Box::new(move |name, shape, data| {
         if let Some(rest) = name.strip_prefix(ocrctl_exporters::kv_cache::CALIB_KV) {
             // `{layer}.key` / `{layer}.value`
             let layer = rest.split('.').next().and_then(|l| l.parse().ok());
+            if layer == Some(0) && rest.ends_with("key") && in_decode.load(Ordering::Relaxed) {
+                decoded_sink.fetch_add(1, Ordering::Relaxed);
+            }
             let m = data.iter().fold(0f32, |m, x| m.max(x.abs()));
             let mut all = kv_sink.lock().expect("calibration KV range");
             let e = all.entry(layer.unwrap_or(usize::MAX)).or_insert(0.0);
             *e = e.max(m);
+            return;
+        }
+        if in_decode.load(Ordering::Relaxed) {
             return;
         }
         let k = *shape.last().unwrap_or(&1);
@@ -105,7 +129,19 @@ pub fn collect(
         };
         let p = pipeline.prepare(&img)?;
         let feats = model.encode_image(&p.pixel_values)?;
-        prefill(model, &p.prompt_ids, cfg.image_token_id, &[feats])?;
+        let (mut logits, mut cache) = prefill(model, &p.prompt_ids, cfg.image_token_id, &[feats])?;
+        if kv_decode {
+            decoding.store(true, Ordering::Relaxed);
+            for _ in 0..KV_DECODE_TOKENS {
+                let (id, _) = argmax_and_top_k(&logits, 0);
+                if pipeline.stop_ids.contains(&id) {
+                    break;
+                }
+                let e = model.embed(&[id])?;
+                (logits, cache) = model.forward(e, Some(cache))?;
+            }
+            decoding.store(false, Ordering::Relaxed);
+        }
         used += 1;
     }
     model.set_tap(None);
@@ -136,5 +172,6 @@ pub fn collect(
         stats,
         kv_absmax,
         images: used,
+        kv_decoded_tokens: decoded.load(Ordering::Relaxed),
     })
 }
