@@ -219,6 +219,43 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     assert!(e.contains("cuda execution provider unavailable"), "{e}");
 }
 
+/// `doctor` names each GPU's compute capability and the 8-bit KV caches it decodes at full
+/// speed (fp8 from 8.9, int8 from 8.0), from a stand-in `nvidia-smi` on PATH.
+#[test]
+fn doctor_names_each_gpus_fast_8bit_caches() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::tempdir().unwrap();
+    let smi = bin.path().join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\ncase \"$1\" in\n\
+         --query-gpu=name,memory.total) printf 'NVIDIA RTX A5000, 24564\\nNVIDIA H200, 143771\\n' ;;\n\
+         --query-gpu=compute_cap) printf '8.6\\n9.0\\n' ;;\n\
+         esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+        .arg("doctor")
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("NVIDIA RTX A5000, 24.0 GiB, compute capability 8.6 (8-bit KV caches: int8)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("NVIDIA H200, 140.4 GiB, compute capability 9.0 (8-bit KV caches: fp8, int8)"),
+        "{s}"
+    );
+}
+
 #[test]
 fn doctor_reports_the_runtime_and_names_a_missing_library() {
     let out = ocrctl_ok(&["doctor"]);

@@ -146,8 +146,23 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
     if gpus.is_empty() {
         println!("GPU            none found (nvidia-smi missing or no NVIDIA GPU)");
     }
-    for (name, mib) in &gpus {
-        println!("GPU            {name}, {:.1} GiB", *mib as f64 / 1024.0);
+    for (i, (name, mib)) in gpus.iter().enumerate() {
+        // Which 8-bit KV caches (`export --kv-cache`) this GPU decodes at full speed.
+        let cc = match ocrctl::runtime::gpumem::compute_capability(i) {
+            Some(cc) => {
+                let fast = ocrctl::runtime::ortmodel::fast_8bit_caches(cc);
+                let kv = match fast.is_empty() {
+                    true => "none".to_string(),
+                    false => fast.join(", "),
+                };
+                format!(
+                    ", compute capability {}.{} (8-bit KV caches: {kv})",
+                    cc.0, cc.1
+                )
+            }
+            None => String::new(),
+        };
+        println!("GPU            {name}, {:.1} GiB{cc}", *mib as f64 / 1024.0);
     }
     let host = ocrctl::profile::host_memory_bytes();
     if let Some(h) = host {

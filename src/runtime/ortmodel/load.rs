@@ -242,18 +242,36 @@ impl OrtModel {
     }
 }
 
+/// The 8-bit KV caches ONNX Runtime's GroupQueryAttention decodes through XQA, by `--kv-cache`
+/// name, cache type and the compute capability it needs (`is_fp8_quantized_supported` and
+/// `is_int8_quantized_supported` in `contrib_ops/cuda/bert/group_query_attention.cc`, 1.31);
+/// below it the kernel dequantizes the whole cache every step, slower than an fp16 cache.
+const XQA_8BIT: [(&str, TensorElementType, (u32, u32)); 2] = [
+    ("fp8", TensorElementType::Float8E4M3FN, (8, 9)),
+    ("int8", TensorElementType::Int8, (8, 0)),
+];
+
+/// The `--kv-cache` kinds a GPU of compute capability `cc` decodes at full speed (for
+/// `ocrctl doctor`).
+pub fn fast_8bit_caches(cc: (u32, u32)) -> Vec<&'static str> {
+    XQA_8BIT
+        .iter()
+        .filter(|(_, _, need)| cc >= *need)
+        .map(|(name, _, _)| *name)
+        .collect()
+}
+
 /// Why an 8-bit KV cache of type `cache` will be slow on a GPU of compute capability `cc`,
-/// if it will: ONNX Runtime's GroupQueryAttention decodes it through XQA only from 8.9 on
-/// (fp8) or 8.0 (int8), and below that dequantizes the whole cache every step
-/// (`contrib_ops/cuda/bert/group_query_attention.cc`, 1.31), slower than an fp16 cache.
+/// if it will (see [`XQA_8BIT`]), naming the export to make instead.
 fn slow_cache_warning(cache: TensorElementType, cc: Option<(u32, u32)>) -> Option<String> {
-    let (need, other) = match cache {
-        TensorElementType::Float8E4M3FN => ((8, 9), "--kv-cache int8 (8.0 and later) or auto"),
-        TensorElementType::Int8 => ((8, 0), "--kv-cache auto"),
-        _ => return None,
-    };
+    let (_, _, need) = XQA_8BIT.iter().find(|(_, t, _)| *t == cache)?;
     let (major, minor) = cc?;
-    ((major, minor) < need).then(|| {
+    let fast = fast_8bit_caches((major, minor));
+    let other = match fast.first() {
+        Some(k) => format!("--kv-cache {k} or auto"),
+        None => "--kv-cache auto".to_string(),
+    };
+    ((major, minor) < *need).then(|| {
         format!(
             "this export's {cache:?} KV cache needs compute capability {}.{} for ONNX Runtime's \
              XQA kernel; this GPU has {major}.{minor}, so every decode step dequantizes the \
@@ -282,6 +300,9 @@ mod tests {
         assert!(slow_cache_warning(int8, Some((8, 6))).is_none());
         let w = slow_cache_warning(int8, Some((7, 5))).unwrap();
         assert!(w.contains("8.0") && w.contains("7.5"), "{w}");
+        assert_eq!(fast_8bit_caches((9, 0)), ["fp8", "int8"]);
+        assert_eq!(fast_8bit_caches((8, 6)), ["int8"]);
+        assert!(fast_8bit_caches((7, 5)).is_empty());
         // Not an 8-bit cache, or nothing known of the GPU: nothing to say.
         assert!(slow_cache_warning(TensorElementType::Float16, Some((7, 5))).is_none());
         assert!(slow_cache_warning(fp8, None).is_none());

@@ -29,6 +29,7 @@ use vision::{Vision, VisionHandle};
 
 pub use binding::{KvPath, KvStats};
 pub use kv::OrtCache;
+pub use load::fast_8bit_caches;
 
 use crate::runtime::backend::{
     Backend, BackendError, ImageEncoder, PagePrefill, RowNeed, StepLogits,
