@@ -43,7 +43,7 @@ fn lock(vision: &Mutex<Vision>) -> MutexGuard<'_, Vision> {
 }
 
 /// [`encode`] under the capture lock: alone for an image size the encoder has not run yet
-/// (cuDNN may capture a stream of its own on a new shape, and then any other thread's
+/// (cuDNN most likely captures a stream of its own on a new shape, and then any other thread's
 /// synchronisation fails both: see [`super::capture`]), shared otherwise. The first page
 /// of a size thus waits for the decode step in flight and holds the next one back for one
 /// encoder run, once per size.
