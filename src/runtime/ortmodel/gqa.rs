@@ -157,18 +157,22 @@ impl GqaCache {
             max_seq as i64,
             head_dim as i64,
         ];
+        let elem_bytes = ty.byte_size(1).unwrap_or(4);
+        let gib = (2 * layers * slots * kv_heads * max_seq * head_dim * elem_bytes) as f64
+            / (1u64 << 30) as f64;
         let mut tensors = Vec::with_capacity(2 * layers);
         for _ in 0..2 * layers {
             tensors.push(DynTensor::new(&alloc, ty, shape).map_err(|e| {
                 BackendError::runtime(
                     PART,
                     format!(
-                        "allocating the KV cache ({slots} sequences x {max_seq} positions): {e}"
+                        "allocating the KV cache ({slots} sequences x {max_seq} positions, \
+                         {gib:.2} GiB in all; fewer sequences (the batch size) or a shorter \
+                         max_sequence_length need less): {e}"
                     ),
                 )
             })?);
         }
-        let elem_bytes = ty.byte_size(1).unwrap_or(4);
         let bases = tensors
             .iter_mut()
             .map(|t| t.data_ptr_mut() as usize)
