@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::server::{chat_body, concurrently, post_json_to, test_profile, Server};
+use common::server::{chat_body, concurrent_chats, test_profile, Server};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -95,15 +95,7 @@ fn two_cpu_engines_answer_like_one_and_share_the_work() {
     assert_eq!(h["status"], "ok");
     assert_eq!(h["engines"][0]["device"], "cpu:0");
     assert_eq!(h["engines"][1]["device"], "cpu:1");
-    let addr = s.addr.clone();
-    let got = concurrently(n, move |i| {
-        let (b, m) = &imgs[i % imgs.len()];
-        post_json_to(
-            &addr,
-            "/v1/chat/completions",
-            &chat_body(b, m, max_tokens(i)).to_string(),
-        )
-    });
+    let got = concurrent_chats(&s.addr, &imgs, n, max_tokens);
     for (i, r) in got.iter().enumerate() {
         assert_eq!(answer(r), expected[i], "client {i}");
     }

@@ -167,6 +167,23 @@ pub fn concurrently<T: Send + 'static>(
     spawn_clients(n, f).join()
 }
 
+/// `n` greedy chat requests to `addr` sent together, request `i` with image
+/// `images[i % len]` (bytes, MIME type) and `max_tokens(i)` new tokens: the responses in
+/// request order.
+pub fn concurrent_chats(
+    addr: &str,
+    images: &[(Vec<u8>, &'static str)],
+    n: usize,
+    max_tokens: impl Fn(usize) -> usize + Send + Sync + 'static,
+) -> Vec<Resp> {
+    let (addr, images) = (addr.to_string(), images.to_vec());
+    concurrently(n, move |i| {
+        let (b, m) = &images[i % images.len()];
+        let body = chat_body(b, m, max_tokens(i)).to_string();
+        post_json_to(&addr, "/v1/chat/completions", &body)
+    })
+}
+
 /// A multipart/form-data body with text fields and one file field `file`.
 pub fn multipart(fields: &[(&str, &str)], file: Option<(&str, &[u8])>) -> (String, Vec<u8>) {
     let boundary = "ocrctl-test-boundary-7d1f";

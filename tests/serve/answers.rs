@@ -292,7 +292,7 @@ fn stop_strings_cut_the_text_and_report_stop() {
 #[test]
 fn thirty_two_concurrent_clients_get_their_sequential_answers() {
     let dir = tempfile::tempdir().unwrap();
-    let images: Vec<(Vec<u8>, &str)> = IMAGES
+    let images: Vec<(Vec<u8>, &'static str)> = IMAGES
         .iter()
         .map(|(n, m)| (std::fs::read(image(n)).unwrap(), *m))
         .collect();
@@ -308,16 +308,7 @@ fn thirty_two_concurrent_clients_get_their_sequential_answers() {
     }
     drop(seq);
     let s = server(dir.path(), 4, 64, &[]);
-    let addr = s.addr.clone();
-    let imgs = images.clone();
-    let got = concurrently(32, move |i| {
-        let (b, m) = &imgs[i % imgs.len()];
-        post_json_to(
-            &addr,
-            "/v1/chat/completions",
-            &chat_body(b, m, max_tokens(i)).to_string(),
-        )
-    });
+    let got = concurrent_chats(&s.addr, &images, 32, max_tokens);
     for (i, r) in got.iter().enumerate() {
         assert_eq!(chat_text(r), expected[i], "client {i}");
     }
@@ -336,16 +327,7 @@ fn thirty_two_concurrent_clients_get_their_sequential_answers() {
     // A queue of 2 behind a batch of 4: some clients are told to retry, none sees a 5xx,
     // and every accepted answer is still the sequential one.
     let s = server(dir.path(), 4, 2, &[]);
-    let addr = s.addr.clone();
-    let imgs = images.clone();
-    let got = concurrently(32, move |i| {
-        let (b, m) = &imgs[i % imgs.len()];
-        post_json_to(
-            &addr,
-            "/v1/chat/completions",
-            &chat_body(b, m, 30).to_string(),
-        )
-    });
+    let got = concurrent_chats(&s.addr, &images, 32, |_| 30);
     let mut refused = 0;
     for (i, r) in got.iter().enumerate() {
         assert!(r.status < 500, "client {i}: {} {}", r.status, r.text());

@@ -16,7 +16,7 @@ mod input;
 mod lifecycle;
 
 use common::server::{
-    chat_body, concurrently, multipart, post_json_to, request, test_profile, Server,
+    chat_body, concurrent_chats, multipart, post_json_to, request, test_profile, Server,
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
