@@ -25,11 +25,13 @@
 #            failing device synchronisation logged with thread and library): which thread
 #            captures when a page fails with "operation not permitted when stream is capturing".
 #            Knobs: RACE_CACHES (int8 fp8 auto), RACE_GRAPHS (off on), RACE_VISION (on off).
+#            The shim: .ortgpu/capture_shim.so carried (cc -shared -fPIC -O1 -o
+#            .ortgpu/capture_shim.so scripts/capture_shim.c -ldl), else built there with cc.
 #   baseline the fp8 cache against the transformers reference in the same call
 #            (scripts/bench_transformers.py: bf16 SDPA, random weights, the same A4 page):
 #            batches 1 and 8, TF_TOKENS (256) new tokens.
 #   warmup   `serve` with the dummy fp16-cache model, without and with --warm-up 1092x1540:
-#            the first and second one-token A4 requests' latency after /health says ready.
+#            the first three one-token A4 requests' latency after /health says ready.
 # Needs ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst, carried as for scripts/gpu_ab.sh.
 # Knobs: STEP (probe fixture sweep; diagnose on request), INT8_SCALE (0.1), FP16_BATCHES (1,256),
 # FP8_BATCHES (1,128,256,512), NEW_TOKENS (1024).
