@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::server::{chat_body, concurrent_chats, test_profile, Server};
+use common::server::{
+    chat_body, chat_text, concurrent_chats, fixture_images, test_profile, Server,
+};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -14,24 +16,6 @@ const IMAGES: [(&str, &str); 3] = [
     ("photo.jpg", "image/jpeg"),
     ("portrait.png", "image/png"),
 ];
-
-fn images() -> Vec<(Vec<u8>, &'static str)> {
-    IMAGES
-        .iter()
-        .map(|(n, m)| {
-            let p = common::fixture().join("images").join(n);
-            (std::fs::read(p).unwrap(), *m)
-        })
-        .collect()
-}
-
-fn answer(r: &common::server::Resp) -> String {
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
 
 /// The value of the metric line that starts with `series ` (e.g. `name{device="cpu:0"}`).
 fn metric(text: &str, series: &str) -> f64 {
@@ -65,7 +49,7 @@ fn wait_engines(s: &Server, want: &[&str]) -> Value {
 fn two_cpu_engines_answer_like_one_and_share_the_work() {
     let dir = tempfile::tempdir().unwrap();
     let profile = test_profile(dir.path(), 2, 64, 2);
-    let imgs = images();
+    let imgs = fixture_images(&IMAGES);
     let max_tokens = |i: usize| 6 + (i * 5) % 17;
     let n = 12;
     let one = Server::start(
@@ -76,7 +60,7 @@ fn two_cpu_engines_answer_like_one_and_share_the_work() {
     let expected: Vec<String> = (0..n)
         .map(|i| {
             let (b, m) = &imgs[i % imgs.len()];
-            answer(&one.post_json("/v1/chat/completions", &chat_body(b, m, max_tokens(i))))
+            chat_text(&one.post_json("/v1/chat/completions", &chat_body(b, m, max_tokens(i))))
         })
         .collect();
     drop(one);
@@ -97,7 +81,7 @@ fn two_cpu_engines_answer_like_one_and_share_the_work() {
     assert_eq!(h["engines"][1]["device"], "cpu:1");
     let got = concurrent_chats(&s.addr, &imgs, n, max_tokens);
     for (i, r) in got.iter().enumerate() {
-        assert_eq!(answer(r), expected[i], "client {i}");
+        assert_eq!(chat_text(r), expected[i], "client {i}");
     }
     let m = s.get("/metrics").unwrap().text();
     let per: Vec<f64> = ["cpu:0", "cpu:1"]
@@ -157,8 +141,8 @@ fn an_engine_that_cannot_load_leaves_the_others_serving() {
     assert_eq!(h["engines"][0]["device"], "gpu:99");
     let why = h["engines"][0]["error"].as_str().unwrap();
     assert!(why.contains("cuda"), "{why}");
-    let (b, m) = &images()[0];
-    assert!(!answer(&s.post_json("/v1/chat/completions", &chat_body(b, m, 8))).is_empty());
+    let (b, m) = &fixture_images(&IMAGES)[0];
+    assert!(!chat_text(&s.post_json("/v1/chat/completions", &chat_body(b, m, 8))).is_empty());
     let metrics = s.get("/metrics").unwrap().text();
     assert_eq!(
         metric(&metrics, "ocrctl_engine_ready{device=\"gpu:99\"}"),

@@ -109,16 +109,13 @@ impl KvCache {
                 "--calibrate measured no usable key/value range (largest |x| {absmax})"
             )));
         }
-        let kv = match kind.trim() {
-            "fp8" => KvCache::Fp8 { scale: 1.0 },
-            "int8" => KvCache::Int8 { scale: 1.0 },
-            other => {
-                return Err(ExportError::Invalid(format!(
-                    "--kv-cache `{other}` takes no calibrated scale (fp8 or int8 do)"
-                )))
-            }
-        };
-        Ok(kv.with_scale(absmax / kv.largest_stored().expect("8-bit")))
+        match KvCache::parse(kind, Some(1.0)).map(|kv| (kv, kv.largest_stored())) {
+            Ok((kv, Some(top))) => Ok(kv.with_scale(absmax / top)),
+            _ => Err(ExportError::Invalid(format!(
+                "--kv-cache `{}` takes no calibrated scale (fp8 or int8 do)",
+                kind.trim()
+            ))),
+        }
     }
 
     /// The largest magnitude the stored type holds (448 for fp8 E4M3, 127 for int8); `None`
@@ -169,7 +166,7 @@ impl KvCache {
 
     /// Whether `kind` names an 8-bit cache (one whose scale `--calibrate` can measure).
     pub fn is_8bit_kind(kind: &str) -> bool {
-        matches!(kind.trim(), "fp8" | "int8")
+        KvCache::parse(kind, Some(1.0)).is_ok_and(|kv| kv.largest_stored().is_some())
     }
 
     /// The stored element type, for graphs whose activations are `act`.
@@ -236,6 +233,8 @@ pub fn xqa_group(group: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn per_layer_scales_are_one_positive_scale_per_layer_of_an_8bit_cache() {
         let int8 = KvCache::Int8 { scale: 0.5 };
@@ -276,10 +275,8 @@ mod tests {
         let e = KvCache::calibrated("auto", 1.0).unwrap_err().to_string();
         assert!(e.contains("auto"), "{e}");
         assert!(KvCache::is_8bit_kind("int8") && KvCache::is_8bit_kind("fp8"));
-        assert!(!KvCache::is_8bit_kind("auto"));
+        assert!(!KvCache::is_8bit_kind("auto") && !KvCache::is_8bit_kind("fp4"));
     }
-
-    use super::*;
 
     #[test]
     fn groups_round_up_to_what_xqa_takes() {

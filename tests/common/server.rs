@@ -167,6 +167,26 @@ pub fn concurrently<T: Send + 'static>(
     spawn_clients(n, f).join()
 }
 
+/// The text of a chat completion, which must be a 200.
+pub fn chat_text(r: &Resp) -> String {
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The fixture's images `(file name, MIME type)`, read: `(bytes, MIME type)`.
+pub fn fixture_images(names: &[(&str, &'static str)]) -> Vec<(Vec<u8>, &'static str)> {
+    names
+        .iter()
+        .map(|(n, m)| {
+            let p = super::fixture().join("images").join(n);
+            (std::fs::read(p).unwrap(), *m)
+        })
+        .collect()
+}
+
 /// `n` greedy chat requests to `addr` sent together, request `i` with image
 /// `images[i % len]` (bytes, MIME type) and `max_tokens(i)` new tokens: the responses in
 /// request order.

@@ -292,10 +292,7 @@ fn stop_strings_cut_the_text_and_report_stop() {
 #[test]
 fn thirty_two_concurrent_clients_get_their_sequential_answers() {
     let dir = tempfile::tempdir().unwrap();
-    let images: Vec<(Vec<u8>, &'static str)> = IMAGES
-        .iter()
-        .map(|(n, m)| (std::fs::read(image(n)).unwrap(), *m))
-        .collect();
+    let images = fixture_images(&IMAGES);
     // Different lengths so requests join and leave the batch at different steps.
     let max_tokens = |i: usize| 8 + (i * 7) % 23;
     let seq = server(dir.path(), 1, 64, &[]);

@@ -16,7 +16,8 @@ mod input;
 mod lifecycle;
 
 use common::server::{
-    chat_body, concurrent_chats, multipart, post_json_to, request, test_profile, Server,
+    chat_body, chat_text, concurrent_chats, fixture_images, multipart, post_json_to, request,
+    test_profile, Server,
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -73,14 +74,6 @@ fn server(dir: &Path, batch: usize, queue: usize, extra: &[&str]) -> Server {
     let mut args = vec!["--profile", profile.to_str().unwrap()];
     args.extend_from_slice(extra);
     Server::start(common::exported(), &args, true)
-}
-
-fn chat_text(r: &common::server::Resp) -> String {
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .to_string()
 }
 
 /// [`cli_json`]'s text.

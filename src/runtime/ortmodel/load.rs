@@ -117,16 +117,11 @@ impl OrtModel {
         let gqa = match variant {
             DecoderVariant::Merged => None,
             DecoderVariant::Gqa => {
-                let kind = gqa::cache_element_type(&decoder.session, act);
-                let one_byte = matches!(
-                    kind,
-                    TensorElementType::Float8E4M3FN | TensorElementType::Int8
-                );
-                if decoder.provider.is_gpu() && one_byte {
-                    // Asked once per load, of nvidia-smi (~0.1 s), only for an 8-bit cache.
-                    let cc = crate::runtime::gpumem::compute_capability(
-                        opts.providers.device_id.max(0) as usize,
-                    );
+                if decoder.provider.is_gpu() {
+                    let kind = gqa::cache_element_type(&decoder.session, act);
+                    // nvidia-smi (~0.1 s) is asked only for an 8-bit cache.
+                    let device = opts.providers.device_id.max(0) as usize;
+                    let cc = || crate::runtime::gpumem::compute_capability(device);
                     if let Some(w) = slow_cache_warning(kind, cc) {
                         tracing::warn!("{}: {w}", decoder_path.display());
                     }
@@ -261,11 +256,15 @@ pub fn fast_8bit_caches(cc: (u32, u32)) -> Vec<&'static str> {
         .collect()
 }
 
-/// Why an 8-bit KV cache of type `cache` will be slow on a GPU of compute capability `cc`,
-/// if it will (see [`XQA_8BIT`]), naming the export to make instead.
-fn slow_cache_warning(cache: TensorElementType, cc: Option<(u32, u32)>) -> Option<String> {
+/// Why an 8-bit KV cache of type `cache` will be slow on a GPU of compute capability `cc()`
+/// (asked only for an 8-bit cache), if it will (see [`XQA_8BIT`]), naming the export to make
+/// instead.
+fn slow_cache_warning(
+    cache: TensorElementType,
+    cc: impl FnOnce() -> Option<(u32, u32)>,
+) -> Option<String> {
     let (_, _, need) = XQA_8BIT.iter().find(|(_, t, _)| *t == cache)?;
-    let (major, minor) = cc?;
+    let (major, minor) = cc()?;
     let fast = fast_8bit_caches((major, minor));
     let other = match fast.first() {
         Some(k) => format!("--kv-cache {k} or auto"),
@@ -289,22 +288,23 @@ mod tests {
     fn an_8bit_cache_below_its_compute_capability_is_named() {
         let fp8 = TensorElementType::Float8E4M3FN;
         let int8 = TensorElementType::Int8;
-        let w = slow_cache_warning(fp8, Some((8, 6))).unwrap();
+        let w = slow_cache_warning(fp8, || Some((8, 6))).unwrap();
         assert!(
             w.contains("8.9") && w.contains("8.6") && w.contains("--kv-cache int8"),
             "{w}"
         );
-        assert!(slow_cache_warning(fp8, Some((8, 9))).is_none());
-        assert!(slow_cache_warning(fp8, Some((9, 0))).is_none());
-        assert!(slow_cache_warning(fp8, Some((12, 0))).is_none());
-        assert!(slow_cache_warning(int8, Some((8, 6))).is_none());
-        let w = slow_cache_warning(int8, Some((7, 5))).unwrap();
+        assert!(slow_cache_warning(fp8, || Some((8, 9))).is_none());
+        assert!(slow_cache_warning(fp8, || Some((9, 0))).is_none());
+        assert!(slow_cache_warning(fp8, || Some((12, 0))).is_none());
+        assert!(slow_cache_warning(int8, || Some((8, 6))).is_none());
+        let w = slow_cache_warning(int8, || Some((7, 5))).unwrap();
         assert!(w.contains("8.0") && w.contains("7.5"), "{w}");
         assert_eq!(fast_8bit_caches((9, 0)), ["fp8", "int8"]);
         assert_eq!(fast_8bit_caches((8, 6)), ["int8"]);
         assert!(fast_8bit_caches((7, 5)).is_empty());
-        // Not an 8-bit cache, or nothing known of the GPU: nothing to say.
-        assert!(slow_cache_warning(TensorElementType::Float16, Some((7, 5))).is_none());
-        assert!(slow_cache_warning(fp8, None).is_none());
+        // Not an 8-bit cache (the GPU is not asked), or nothing known of the GPU.
+        assert!(slow_cache_warning(TensorElementType::Float16, || panic!("asked")).is_none());
+        assert!(slow_cache_warning(TensorElementType::Float16, || Some((7, 5))).is_none());
+        assert!(slow_cache_warning(fp8, || None).is_none());
     }
 }

@@ -52,9 +52,9 @@ impl Tweaks<'static> {
 /// attention node (inputs 14/15). With the norm fused, ONNX Runtime 1.31.1's CUDA kernel no
 /// longer decodes an 8-bit cache through XQA but dequantizes it: measured on an H200
 /// (`scripts/gpu_ort_opt_diff.py`, `scripts/gpu_kv_decoder_probe.py`), the full-size fp8
-/// decoder's batch-64 step took 34.3 ms with the fusion and 6.0 ms with basic optimizations
-/// only, against 6.6 ms for the fp16 cache. The fp16 cache keeps the fusion (its decode
-/// kernel takes the fused norm).
+/// decoder's batch-64 step took 34.1 ms with the fusion and 4.8 ms without it, against
+/// 6.4 ms for the fp16 cache, which keeps the fusion (6.65 ms without it); end to end, fp8
+/// 8.47 A4 pages/s at batch 256 against 6.86 (docs/benchmarks/2026-12-03-kv-cache/ §5).
 pub(super) const KV8_DISABLED_OPTIMIZERS: &str = "GroupQueryAttentionPreNormFusion";
 
 /// Builds the session for `path` (see [`Tweaks`]).
