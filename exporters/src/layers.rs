@@ -373,7 +373,9 @@ pub fn gelu(g: &mut Graph, e: Emit, x: &Value) -> Value {
 /// Gated MLP: `down(act(gate(x)) * up(x))` with `act` = `silu` (SwiGLU) or exact `gelu`.
 /// `pack` multiplies gate and up as one matrix on [`Target::Ort`] ([`linears_packed`]):
 /// worth it for the few rows of a decode step, not for thousands of image patches, whose
-/// GEMMs already fill the GPU and whose `Split` would copy the whole activation once more.
+/// GEMMs already fill the GPU and whose `Split` copies the whole activation once more:
+/// packing the vision encoder's q|k|v and gate|up made an A4 page 4 ms slower on the H200
+/// (docs/benchmarks/2026-12-04-h200/ §4).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_mlp(
     g: &mut Graph,

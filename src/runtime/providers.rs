@@ -141,9 +141,14 @@ pub fn dispatch(
             // batch bucket (see `ortmodel::gqa::graphs`); the other graphs' shapes change.
             let graphs = cfg.cuda.cuda_graphs
                 && part.starts_with(ocrctl_exporters::contract::graph::DECODER_GQA);
+            // TF32 off: ONNX Runtime's CUDA provider otherwise multiplies float32 with 10-bit
+            // mantissas, and an fp32 graph drifts from the reference by 0.004–0.007 in
+            // log-probabilities (2026-12-01 parity run). Whoever picks fp32 on a GPU asks for
+            // the reference's arithmetic; 16-bit graphs have no float32 GEMMs to slow down.
             let mut c = ep::CUDA::default()
                 .with_device_id(cfg.device_id)
-                .with_cuda_graph(graphs);
+                .with_cuda_graph(graphs)
+                .with_tf32(false);
             if let Some(l) = cfg.cuda.memory_limit {
                 c = c.with_memory_limit(l);
             }

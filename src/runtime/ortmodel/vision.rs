@@ -7,6 +7,7 @@ use super::{graph, tap_outputs, tensor, DType, Tap};
 use crate::runtime::backend::{BackendError, ImageEncoder};
 use ndarray::{Array2, Array4};
 use ort::session::{Session, SessionInputValue};
+use ort::value::TensorRef;
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -74,20 +75,23 @@ fn encode(
         Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
         _ => DType::F32,
     };
-    let input = match pixel_values.as_slice() {
-        Some(s) => float_tensor_from(pixel_dtype, shape, s, PART)?,
-        None => float_tensor(
+    // float32 pixels are lent to ONNX Runtime as they lie, not copied: an A4 page's are
+    // 19 MiB, and copying them cost ~3 ms of each page's vision time on the H200's host
+    // (docs/benchmarks/2026-12-04-h200/).
+    let input = match (pixel_dtype, pixel_values.as_slice()) {
+        (DType::F32, Some(s)) => SessionInputValue::from(
+            TensorRef::from_array_view((shape, s)).map_err(|e| BackendError::runtime(PART, e))?,
+        ),
+        (_, Some(s)) => SessionInputValue::from(float_tensor_from(pixel_dtype, shape, s, PART)?),
+        (_, None) => SessionInputValue::from(float_tensor(
             pixel_dtype,
             shape,
             pixel_values.iter().copied().collect(),
             PART,
-        )?,
+        )?),
     };
     let mut out = vision
-        .run(vec![(
-            Cow::from(tensor::PIXEL_VALUES),
-            SessionInputValue::from(input),
-        )])
+        .run(vec![(Cow::from(tensor::PIXEL_VALUES), input)])
         .map_err(|e| BackendError::runtime(PART, e))?;
     tap_outputs(tap, &out, PART)?;
     let v = out
