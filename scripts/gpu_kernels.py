@@ -10,7 +10,7 @@ grouped by name, largest first.
 
 Run on the GPU machine with the torch venv's Python and ONNX Runtime's GPU package on the path:
   PYTHONPATH=/opt/ortgpu /opt/torch/.venv/bin/python scripts/gpu_kernels.py MODEL_DIR OUT_DIR \
-      [--size 1092x1540] [--precision fp16] [--runs 5] [--top 14]
+      [--size 1092x1540] [--precision fp16] [--runs 5] [--top 14] [--disable-optimizers LIST]
 MODEL_DIR is an ocrctl export with the GQA decoder; the prefill's prompt is the page's image
 tokens plus 28 text positions, its cache the prompt plus 1024 positions, bound on the device.
 """
@@ -72,6 +72,9 @@ def main():
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--disable-optimizers", default="",
+                    help="ONNX Runtime transformers to leave out, as ocrctl does for an 8-bit "
+                         "KV cache: GroupQueryAttentionPreNormFusion")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.cuda.init()
@@ -79,6 +82,9 @@ def main():
     sfx = SUFFIX[a.precision]
     prov = [("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0})]
     opts = ort.SessionOptions()
+    if a.disable_optimizers:
+        opts.add_session_config_entry("optimization.disable_specified_optimizers",
+                                      a.disable_optimizers)
 
     vis = ort.InferenceSession(f"{a.model}/onnx/vision_encoder{sfx}.onnx", opts, providers=prov)
     pix = np.random.default_rng(0).random((1, 3, h, w), dtype=np.float32)
@@ -97,8 +103,9 @@ def main():
     b.bind_cpu_input("inputs_embeds", emb)
     b.bind_cpu_input("seqlens_k", np.array([s - 1], np.int32))
     b.bind_cpu_input("total_sequence_length", np.array(s, np.int32))
+    # numpy has no float8: ONNX's element type number (TensorProto.FLOAT8E4M3FN) instead.
     cache_type = {"tensor(float16)": np.float16, "tensor(float)": np.float32,
-                  "tensor(int8)": np.int8, "tensor(float8e4m3fn)": np.uint8}
+                  "tensor(int8)": np.int8, "tensor(float8e4m3fn)": 17}
     for n, i in ins.items():
         if n.startswith("past_key_values."):
             shape = [1, i.shape[1], cap, i.shape[3]]

@@ -2,7 +2,8 @@
 //! memory here), repacked by the repack graph, gives exactly the logits of the host path
 //! (`Session::run`, repacks on the host), over batched greedy steps where sequences join and
 //! leave, shrink to one and grow again; and every sequence's logits equal those of running it
-//! alone.
+//! alone. An export with an 8-bit cache names, for other programs, the graph transformer to
+//! leave out.
 
 mod common;
 use common::*;
@@ -177,5 +178,35 @@ fn a_cache_made_on_one_path_continues_on_the_other() {
         for (lx, ly) in x.logits.iter().zip(&y.logits) {
             assert_eq!(max_abs_diff(lx, ly), 0.0);
         }
+    }
+}
+
+/// An export with an 8-bit KV cache tells other ONNX Runtime programs, in its GQA graph's
+/// metadata, which graph transformer to leave out (ocrctl's runtime leaves it out itself,
+/// `contract::hint`); an export with the activation-type cache names none.
+#[test]
+fn an_8bit_cache_export_names_the_optimizer_to_leave_out() {
+    use ocrctl_exporters::contract::hint;
+    use ocrctl_exporters::export::{export, ExportOptions};
+    use ocrctl_exporters::kv_cache::KvCache;
+    let dir = tempfile::tempdir().unwrap();
+    for (kv, want) in [
+        (
+            KvCache::Int8 { scale: 0.1 },
+            Some(hint::KV8_DISABLED_OPTIMIZERS),
+        ),
+        (KvCache::Activation, None),
+    ] {
+        let out = dir.path().join(kv.name());
+        let opts = ExportOptions {
+            precisions: vec![Precision::Fp32],
+            decoders: vec![DecoderVariant::Gqa],
+            kv_cache: kv,
+            ..ExportOptions::new(checkpoint().to_string_lossy().into(), out.clone())
+        };
+        export(&opts, &mut |_| {}).expect("export");
+        let onnx = out.join("onnx/decoder_model_gqa.onnx");
+        let got = graph_hint(&onnx, hint::DISABLE_OPTIMIZERS);
+        assert_eq!(got.as_deref(), want, "{kv:?}");
     }
 }

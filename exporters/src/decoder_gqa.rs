@@ -32,7 +32,7 @@
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
-use crate::contract::{tensor, Kv};
+use crate::contract::{hint, tensor, Kv};
 use crate::decoder::{lm_head_name, mlp, qkv_normed, PREFIX};
 use crate::graph::{Attr, DType, Dim, Graph, Value};
 use crate::kv_cache::GqaLayout;
@@ -275,7 +275,14 @@ pub fn build(
     let max = g.op("Squeeze", &[&max, &two], &[]);
     let lse = g.op("Add", &[&log, &max], &[]);
     g.output(&lse, tensor::LOGSUMEXP, DType::F32, &[b, Dim::Fixed(1)]);
-    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
+    let hints: Vec<(String, String)> = match kv.scale().is_some() {
+        true => vec![(
+            hint::DISABLE_OPTIMIZERS.into(),
+            hint::KV8_DISABLED_OPTIMIZERS.into(),
+        )],
+        false => Vec::new(),
+    };
+    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &hints)
 }
 
 /// The checkpoint's weights with each KV head's group of query heads padded from `group` to

@@ -185,3 +185,13 @@ pub fn engine_greedy<B: ocrctl::runtime::backend::Backend>(
         .expect("one result")
         .expect("generation succeeds")
 }
+
+/// The ONNX `metadata_props` value of `key` in the graph file `onnx`, as ONNX Runtime reads it.
+pub fn graph_hint(onnx: &Path, key: &str) -> Option<String> {
+    let (_, env) = ocrctl::runtime::ortlib::environment(None).expect("ONNX Runtime");
+    let s = ort::session::Session::builder(&env)
+        .and_then(|mut b| b.commit_from_file(onnx))
+        .unwrap_or_else(|e| panic!("{}: {e}", onnx.display()));
+    let value = s.metadata().expect("metadata").custom(key);
+    value
+}

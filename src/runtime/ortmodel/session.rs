@@ -8,6 +8,7 @@
 
 use super::{LoadError, LoadOptions, MANIFEST_NAME};
 use crate::runtime::providers::Provider;
+use ocrctl_exporters::contract::hint;
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use ocrctl_exporters::kv_cache::KvCache;
 use ort::session::builder::GraphOptimizationLevel;
@@ -46,16 +47,10 @@ impl Tweaks<'static> {
     }
 }
 
-/// The GQA decoder's transformers to leave out for an 8-bit KV cache on the CUDA provider.
-///
-/// `GroupQueryAttentionPreNormFusion` folds Qwen3's per-head query/key RMSNorm into the
-/// attention node (inputs 14/15). With the norm fused, ONNX Runtime 1.31.1's CUDA kernel no
-/// longer decodes an 8-bit cache through XQA but dequantizes it: measured on an H200
-/// (`scripts/gpu_ort_opt_diff.py`, `scripts/gpu_kv_decoder_probe.py`), the full-size fp8
-/// decoder's batch-64 step took 34.1 ms with the fusion and 4.8 ms without it, against
-/// 6.4 ms for the fp16 cache, which keeps the fusion (6.65 ms without it); end to end, fp8
-/// 8.47 A4 pages/s at batch 256 against 6.86 (docs/benchmarks/2026-12-03-kv-cache/ §5).
-pub(super) const KV8_DISABLED_OPTIMIZERS: &str = "GroupQueryAttentionPreNormFusion";
+/// The GQA decoder's transformers to leave out for an 8-bit KV cache on the CUDA provider
+/// (why: [`hint::KV8_DISABLED_OPTIMIZERS`]; the export writes the same into the graph's
+/// metadata for other programs).
+pub(super) const KV8_DISABLED_OPTIMIZERS: &str = hint::KV8_DISABLED_OPTIMIZERS;
 
 /// Builds the session for `path` (see [`Tweaks`]).
 pub(super) fn build(
