@@ -203,19 +203,10 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     let manifest =
         Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
     let cfg = manifest.model.clone();
-    let ocrctl::generation::pipeline::PagePipeline {
-        prompter,
-        preprocess: mut pre,
-        stop_ids,
-        mut defaults,
-        ..
-    } = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
-    // Computed once here (a scan of the vocabulary), not by the first request's handler.
-    prompter.max_token_bytes();
-    let prompter = Arc::new(prompter);
-    pre.longest_edge = pre.longest_edge.min(profile.max_image_side);
-    // Warm-up pages, preprocessed as requests of those sizes will be (before anything loads,
-    // so a bad size is an error at once).
+    let mut pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
+    pipeline.preprocess.longest_edge = pipeline.preprocess.longest_edge.min(profile.max_image_side);
+    // Warm-up pages, made as a page of that size is for a request (before anything loads, so
+    // a bad size is an error at once).
     let warm = a
         .warm_up
         .iter()
@@ -228,14 +219,20 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                     a.max_pixels
                 );
             }
-            let img = ocrctl::generation::pipeline::synthetic_page(w, h);
-            let p = ocrctl::model::preprocess::preprocess(&img, &pre);
-            Ok((
-                p.pixel_values,
-                prompter.encode(&[p.num_image_tokens], None)?,
-            ))
+            let p = pipeline.prepare(&ocrctl::generation::pipeline::synthetic_page(w, h))?;
+            Ok((p.pixel_values, p.prompt_ids))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let ocrctl::generation::pipeline::PagePipeline {
+        prompter,
+        preprocess: pre,
+        stop_ids,
+        mut defaults,
+        ..
+    } = pipeline;
+    // Computed once here (a scan of the vocabulary), not by the first request's handler.
+    prompter.max_token_bytes();
+    let prompter = Arc::new(prompter);
     let warm = Arc::new(warm);
     if a.loop_guard {
         defaults.loop_guard = Some(LoopGuard::default());
