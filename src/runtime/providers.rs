@@ -142,9 +142,10 @@ pub fn dispatch(
             let graphs = cfg.cuda.cuda_graphs
                 && part.starts_with(ocrctl_exporters::contract::graph::DECODER_GQA);
             // TF32 off: ONNX Runtime's CUDA provider otherwise multiplies float32 with 10-bit
-            // mantissas, and an fp32 graph drifts from the reference by 0.004–0.007 in
-            // log-probabilities (2026-12-01 parity run). Whoever picks fp32 on a GPU asks for
-            // the reference's arithmetic; 16-bit graphs have no float32 GEMMs to slow down.
+            // mantissas, and an fp32 graph drifted from the reference by 0.004–0.007 in
+            // log-probabilities (0 on four of five fixture pages without). Whoever picks fp32
+            // on a GPU asks for the reference's arithmetic. fp16 graphs drifted less too and
+            // ran no slower on the H200 (docs/benchmarks/2026-12-04-h200/ §3, §5).
             let mut c = ep::CUDA::default()
                 .with_device_id(cfg.device_id)
                 .with_cuda_graph(graphs)
