@@ -11,8 +11,10 @@ grouped by name, largest first.
 Run on the GPU machine with the torch venv's Python and ONNX Runtime's GPU package on the path:
   PYTHONPATH=/opt/ortgpu /opt/torch/.venv/bin/python scripts/gpu_kernels.py MODEL_DIR OUT_DIR \
       [--size 1092x1540] [--precision fp16] [--runs 5] [--top 14] [--disable-optimizers LIST]
+      [--decode-batch N [--context 2700]]
 MODEL_DIR is an ocrctl export with the GQA decoder; the prefill's prompt is the page's image
 tokens plus 28 text positions, its cache the prompt plus 1024 positions, bound on the device.
+`--decode-batch N` also profiles one decode step of N rows, each `--context` positions long.
 """
 import argparse
 import collections
@@ -72,6 +74,10 @@ def main():
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--decode-batch", type=int, default=0,
+                    help="also a decode step of this many rows (0: none)")
+    ap.add_argument("--context", type=int, default=2700,
+                    help="positions each decode row holds after the step")
     ap.add_argument("--disable-optimizers", default="",
                     help="ONNX Runtime transformers to leave out, as ocrctl does for an 8-bit "
                          "KV cache: GroupQueryAttentionPreNormFusion")
@@ -93,31 +99,43 @@ def main():
     report(f"vision_encoder{sfx} {w}x{h}", wall, path, a.runs, a.top)
 
     dec = ort.InferenceSession(f"{a.model}/onnx/decoder_model_gqa{sfx}.onnx", opts, providers=prov)
+    s = feats.shape[1] + 28
+    run = bound_run(dec, rows=1, query=s, total=s, cap=s + 1024)
+    wall, path = timed(run, a.runs, a.out, "prefill")
+    report(f"decoder_model_gqa{sfx} prefill of {s} positions", wall, path, a.runs, a.top)
+    if a.decode_batch:
+        n, ctx = a.decode_batch, a.context
+        run = bound_run(dec, rows=n, query=1, total=ctx, cap=ctx + 1)
+        wall, path = timed(run, a.runs, a.out, "decode")
+        report(f"decoder_model_gqa{sfx} decode step, {n} rows at {ctx} positions", wall, path,
+               a.runs, a.top)
+
+
+def bound_run(dec, rows, query, total, cap):
+    """A run of the GQA decoder for `rows` sequences of `query` new positions each, `total`
+    positions long after it, over a cache of `cap` positions allocated on the device (left
+    uninitialised: the timing does not depend on its values) and bound as input and output."""
     ins = {i.name: i for i in dec.get_inputs()}
     hidden = ins["inputs_embeds"].shape[-1]
-    s = feats.shape[1] + 28
-    cap = s + 1024
     dt = np.float16 if "16" in ins["inputs_embeds"].type else np.float32
-    emb = np.random.default_rng(1).standard_normal((1, s, hidden)).astype(dt) * 0.02
+    emb = np.random.default_rng(1).standard_normal((rows, query, hidden)).astype(dt) * 0.02
     b = dec.io_binding()
     b.bind_cpu_input("inputs_embeds", emb)
-    b.bind_cpu_input("seqlens_k", np.array([s - 1], np.int32))
-    b.bind_cpu_input("total_sequence_length", np.array(s, np.int32))
+    b.bind_cpu_input("seqlens_k", np.full([rows], total - 1, np.int32))
+    b.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
     # numpy has no float8: ONNX's element type number (TensorProto.FLOAT8E4M3FN) instead.
     cache_type = {"tensor(float16)": np.float16, "tensor(float)": np.float32,
                   "tensor(int8)": np.int8, "tensor(float8e4m3fn)": 17}
     for n, i in ins.items():
         if n.startswith("past_key_values."):
-            shape = [1, i.shape[1], cap, i.shape[3]]
+            shape = [rows, i.shape[1], cap, i.shape[3]]
             v = ort.OrtValue.ortvalue_from_shape_and_type(shape, cache_type[i.type], "cuda", 0)
             b.bind_ortvalue_input(n, v)
             b.bind_ortvalue_output(n.replace("past_key_values", "present"), v)
     for o in dec.get_outputs():
         if not o.name.startswith("present."):
             b.bind_output(o.name, "cuda", 0)
-    wall, path = timed(lambda: dec.run_with_iobinding(b), a.runs, a.out, "prefill")
-    report(f"decoder_model_gqa{sfx} prefill of {s} positions", wall, path, a.runs, a.top)
-
+    return lambda: dec.run_with_iobinding(b)
 
 if __name__ == "__main__":
     main()
