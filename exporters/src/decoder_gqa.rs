@@ -35,7 +35,7 @@ use crate::config::ModelConfig;
 use crate::contract::{hint, tensor, Kv};
 use crate::decoder::{lm_head_name, mlp, qkv_normed, PREFIX};
 use crate::graph::{Attr, DType, Dim, Graph, Value};
-use crate::kv_cache::GqaLayout;
+use crate::kv_cache::{GqaLayout, KvCache};
 use crate::layers::{self, Emit, Target};
 use crate::ExportError;
 
@@ -275,12 +275,13 @@ pub fn build(
     let max = g.op("Squeeze", &[&max, &two], &[]);
     let lse = g.op("Add", &[&log, &max], &[]);
     g.output(&lse, tensor::LOGSUMEXP, DType::F32, &[b, Dim::Fixed(1)]);
-    let hints: Vec<(String, String)> = match kv.scale().is_some() {
-        true => vec![(
+    // An 8-bit cache: the fusion other ONNX Runtime programs must leave out, as ocrctl does.
+    let hints: Vec<(String, String)> = match kv {
+        KvCache::Activation => Vec::new(),
+        _ => vec![(
             hint::DISABLE_OPTIMIZERS.into(),
             hint::KV8_DISABLED_OPTIMIZERS.into(),
         )],
-        false => Vec::new(),
     };
     g.finish(&[("", e.opset()), ("com.microsoft", 1)], &hints)
 }

@@ -36,21 +36,16 @@ pub(super) struct Tweaks<'a> {
 }
 
 impl Tweaks<'static> {
-    /// A decoder graph's: [`KV8_DISABLED_OPTIMIZERS`] for a GQA decoder exported with an
+    /// A decoder graph's: [`hint::KV8_DISABLED_OPTIMIZERS`] for a GQA decoder exported with an
     /// 8-bit cache (`kv`, the manifest's record), nothing otherwise.
     pub fn decoder(variant: DecoderVariant, kv: &KvCache) -> Self {
         Tweaks {
             disabled_optimizers: (variant == DecoderVariant::Gqa && *kv != KvCache::Activation)
-                .then_some(KV8_DISABLED_OPTIMIZERS),
+                .then_some(hint::KV8_DISABLED_OPTIMIZERS),
             ..Tweaks::default()
         }
     }
 }
-
-/// The GQA decoder's transformers to leave out for an 8-bit KV cache on the CUDA provider
-/// (why: [`hint::KV8_DISABLED_OPTIMIZERS`]; the export writes the same into the graph's
-/// metadata for other programs).
-pub(super) const KV8_DISABLED_OPTIMIZERS: &str = hint::KV8_DISABLED_OPTIMIZERS;
 
 /// Builds the session for `path` (see [`Tweaks`]).
 pub(super) fn build(
@@ -251,11 +246,11 @@ mod tests {
         let off = |v, kv: KvCache| Tweaks::decoder(v, &kv).disabled_optimizers;
         assert_eq!(
             off(DecoderVariant::Gqa, KvCache::Fp8 { scale: 1.0 }),
-            Some(KV8_DISABLED_OPTIMIZERS)
+            Some(hint::KV8_DISABLED_OPTIMIZERS)
         );
         assert_eq!(
             off(DecoderVariant::Gqa, KvCache::Int8 { scale: 0.1 }),
-            Some(KV8_DISABLED_OPTIMIZERS)
+            Some(hint::KV8_DISABLED_OPTIMIZERS)
         );
         assert_eq!(off(DecoderVariant::Gqa, KvCache::Activation), None);
         assert_eq!(off(DecoderVariant::Merged, KvCache::Activation), None);
