@@ -5,7 +5,7 @@
 //! - [`Target::Ort`]: ONNX Runtime's fused contrib ops where they help on CUDA/CPU:
 //!   `com.microsoft.MultiHeadAttention` for the vision encoder's unmasked attention (avoids
 //!   materialising S×S scores per head), the vision encoder's 2-D RoPE as
-//!   `com.microsoft.RotaryEmbedding` ([`rotary`]) and its residual sums with the RMSNorm after
+//!   `com.microsoft.RotaryEmbedding` ([`rotary_interleaved`]) and its residual sums with the RMSNorm after
 //!   them as `com.microsoft.SkipSimplifiedLayerNormalization` ([`add_rms_norm`]); the GQA
 //!   decoder adds `com.microsoft.GroupQueryAttention`. A lone RMSNorm is written in standard
 //!   ops in the form ONNX Runtime's `SimplifiedLayerNormFusion` turns into its fused kernel on
@@ -439,30 +439,56 @@ pub fn rope(g: &mut Graph, x: &Value, cos: &Value, sin: &Value) -> Value {
     g.op("Add", &[&a, &b], &[])
 }
 
-/// Rotary embedding by `com.microsoft.RotaryEmbedding` (rotate-half convention,
-/// `interleaved = 0`) on `x [B, S, heads·head_dim]`; `position_ids [B, S]` (int64) index the
-/// rows of `cos_cache`/`sin_cache [positions, head_dim / 2]`.
+/// Rotary embedding by `com.microsoft.RotaryEmbedding` in the interleaved convention
+/// (`interleaved = 1`: channels `2i` and `2i + 1` are rotated by angle `i`) on
+/// `x [1, S, blocks·width]`, in `blocks` rotary blocks of `width` channels each:
+/// `position_ids [1, S]` (int64) index the rows of `cos`/`sin [positions, width / 2]`, and
+/// ONNX Runtime takes the block width from the tables' width.
 ///
 /// The input must be 3-D: ONNX Runtime reads a 4-D input as `[B, heads, S, head_dim]`
 /// (`rotary_embedding_helper.h`), so a `[B, S, heads, head_dim]` tensor would be rotated
 /// along the wrong axes, silently.
-pub fn rotary(
+pub fn rotary_interleaved(
     g: &mut Graph,
     x: &Value,
     position_ids: &Value,
-    cos_cache: &Value,
-    sin_cache: &Value,
-    heads: usize,
+    cos: &Value,
+    sin: &Value,
+    blocks: usize,
 ) -> Value {
     g.op_in(
         "com.microsoft",
         "RotaryEmbedding",
-        &[x, position_ids, cos_cache, sin_cache],
+        &[x, position_ids, cos, sin],
         &[
-            ("interleaved", Attr::Int(0)),
-            ("num_heads", Attr::Int(heads as i64)),
+            ("interleaved", Attr::Int(1)),
+            ("num_heads", Attr::Int(blocks as i64)),
         ],
     )
+}
+
+/// `x · Wᵀ` like [`linear`], with the output channels of `name` reordered: output `j` is
+/// the weight's row `rows[j]`. Each output is the same dot product as before, and INT4
+/// blocks run along the input axis of each row, so quantizing the reordered matrix gives the
+/// original rows' blocks in the new order.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_reordered(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    x: &Value,
+    name: &str,
+    out: usize,
+    inp: usize,
+    rows: &[usize],
+) -> Result<Value, ExportError> {
+    calibration_output(g, e, x, name, inp);
+    let v = w.get(name, &[out, inp])?;
+    let v: Vec<f32> = rows
+        .iter()
+        .flat_map(|&r| v[r * inp..(r + 1) * inp].iter().copied())
+        .collect();
+    matmul(g, e, x, name, &v, out, inp)
 }
 
 /// Scaled dot-product attention on BNSH tensors with standard ops.

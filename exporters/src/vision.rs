@@ -7,8 +7,9 @@
 //!
 //! 2-D RoPE: a cos/sin table over the `max_side²` grid positions, indexed by the position id
 //! `row·max_side + col`. `--target tensorrt` gathers full-width rows and rotates with standard
-//! ops; `--target ort` hands half-width tables and the ids to ONNX Runtime's
-//! `RotaryEmbedding` on `[1, S, heads·head_dim]` (a 4-D input would be read as BNSH, the
+//! ops; `--target ort` gathers this image's half-width rows, repeats them across a block of heads,
+//! and hands them to ONNX Runtime's `RotaryEmbedding` (interleaved, over Q/K projections whose
+//! rows are reordered to match) on `[1, S, heads·head_dim]` (a 4-D input would be read as BNSH, the
 //! layout mistake that broke other Pixtral exports), checked against the reference like every
 //! graph.
 
@@ -54,13 +55,51 @@ enum Rope {
     /// `cos`/`sin [S, 1, head_dim]`, broadcast over the heads of `[1, S, heads, head_dim]`
     /// (standard ops, [`layers::rope`]).
     Explicit { cos: Value, sin: Value },
-    /// Position ids `[1, S]` into half-width tables `[max_side², head_dim / 2]`
-    /// ([`layers::rotary`], ONNX Runtime's fused kernel: 2 nodes per layer instead of 12).
+    /// This image's angles `cos`/`sin [S, group·head_dim / 2]`, each row its position's
+    /// `head_dim / 2` angles repeated `group` times, for [`layers::rotary_interleaved`] over
+    /// blocks of `group` heads (see [`rotary_group`]); `ids [1, S]` are `0..S`.
+    /// Q and K come out of their projections in [`interleaved_rows`] order.
     Fused {
-        positions: Value,
+        ids: Value,
         cos: Value,
         sin: Value,
+        group: usize,
     },
+}
+
+/// The widest rotary block, in channels (= CUDA threads per block, see [`rotary_group`]).
+const ROTARY_BLOCK_CHANNELS: usize = 256;
+
+/// How many heads one `RotaryEmbedding` block rotates: the most that divide `heads` and fit
+/// `ROTARY_BLOCK_CHANNELS` channels.
+///
+/// Why: ONNX Runtime's CUDA kernel (`rotary_embedding_impl.cu`) launches one block per
+/// (position, head) with one thread per channel. At Pixtral's head size 64 that is 64-thread
+/// blocks, 137 280 of them on an A4 page, and the kernel ran at ~0.4 TB/s (4.1 ms of the
+/// encoder's 37 ms, `docs/benchmarks/2026-12-04-h200`). The kernel takes the block width from
+/// the tables' width, so wider tables give it wider blocks over the same data. On the H200
+/// (`scripts/gpu_rotary_probe.py`, one rotation of an A4 page's Q): 84 µs in 64-channel
+/// blocks, 47 in 256, 49 in 512, 65 in 1024. ONNX Runtime refuses blocks over 1024.
+fn rotary_group(heads: usize, head_dim: usize) -> usize {
+    (1..=heads)
+        .rev()
+        .find(|g| heads % g == 0 && g * head_dim <= ROTARY_BLOCK_CHANNELS)
+        .unwrap_or(1)
+}
+
+/// The Q/K projection rows in interleaved order: within each head, output `2i` is the
+/// checkpoint's row `i` and output `2i + 1` its row `i + head_dim/2`.
+///
+/// Why: Pixtral rotates channel `i` with `i + head_dim/2` (rotate-half); a rotary block wider
+/// than one head ([`rotary_group`]) would pair channels across heads in that convention, while
+/// the interleaved one pairs neighbours, which stay inside their head. Q and K are reordered
+/// alike within each head and V not at all, so every score `q·k` and the attention output are
+/// unchanged.
+fn interleaved_rows(heads: usize, head_dim: usize) -> Vec<usize> {
+    let half = head_dim / 2;
+    (0..heads)
+        .flat_map(|h| (0..half).flat_map(move |i| [h * head_dim + i, h * head_dim + half + i]))
+        .collect()
 }
 
 /// Position ids `row·max_side + col` over the `h × wd` patch grid, and the table lookup that
@@ -100,12 +139,28 @@ fn rope_inputs(
         let dims = [(max_side * max_side) as i64, half as i64];
         let cos = g.weight("vision_rope_cos_cache", e.act, &dims, &halve(&cos_t))?;
         let sin = g.weight("vision_rope_sin_cache", e.act, &dims, &halve(&sin_t))?;
-        let shape = g.const_i64(&[1, -1]);
-        let positions = g.op("Reshape", &[&pos, &shape], &[]);
+        let minus_one = g.const_i64(&[-1]);
+        let pos = g.op("Reshape", &[&pos, &minus_one], &[]);
+        let group = rotary_group(v.num_heads, v.head_dim);
+        let repeats = g.const_i64(&[1, group as i64]);
+        // [S, half] → [S, group·half]: the angles of each head in the block, side by side.
+        let [cos, sin] = [&cos, &sin].map(|t| {
+            let rows = g.op("Gather", &[t, &pos], &[("axis", Attr::Int(0))]);
+            g.op("Tile", &[&rows, &repeats], &[])
+        });
+        // Ids 0..S into those rows, [1, S]. Not ONNX Runtime's one-start-position form
+        // (`[0]`, "format 0"): with it, this encoder's features went wrong on CUDA (ONNX
+        // Runtime 1.31.1; the fixture's CUDA parity failed on every page) though the CPU gave
+        // the reference's and the op alone was right on CUDA (scripts/gpu_rotary_probe.py).
+        let count = g.op("Shape", &[&pos], &[]);
+        let count = g.op("Squeeze", &[&count, &sq_axes], &[]);
+        let ids = g.op("Range", &[&zero, &count, &one], &[]);
+        let ids = g.op("Unsqueeze", &[&ids, &ax0], &[]);
         return Ok(Rope::Fused {
-            positions,
+            ids,
             cos,
             sin,
+            group,
         });
     }
     let table_dims = [(max_side * max_side) as i64, v.head_dim as i64];
@@ -134,23 +189,29 @@ fn attention(
 ) -> Result<Value, ExportError> {
     let (d, heads, hd) = (v.hidden_size, v.num_heads, v.head_dim);
     let inner = heads * hd;
-    let mut qkv = Vec::new();
-    for n in ["q", "k", "v"] {
-        let name = format!("{pre}.attention.{n}_proj.weight");
-        qkv.push(layers::linear(g, e, w, hn, &name, inner, d)?);
-    }
+    let name = |n: &str| format!("{pre}.attention.{n}_proj.weight");
     let a = match rope {
         Rope::Fused {
-            positions,
+            ids,
             cos,
             sin,
+            group,
         } => {
             // [1, S, heads·hd] throughout: what RotaryEmbedding and MultiHeadAttention take.
-            let q = layers::rotary(g, &qkv[0], positions, cos, sin, heads);
-            let k = layers::rotary(g, &qkv[1], positions, cos, sin, heads);
-            layers::vision_attention(g, e, &q, &k, &qkv[2], heads, hd)
+            let rows = interleaved_rows(heads, hd);
+            let q = layers::linear_reordered(g, e, w, hn, &name("q"), inner, d, &rows)?;
+            let k = layers::linear_reordered(g, e, w, hn, &name("k"), inner, d, &rows)?;
+            let vv = layers::linear(g, e, w, hn, &name("v"), inner, d)?;
+            let blocks = heads / group;
+            let q = layers::rotary_interleaved(g, &q, ids, cos, sin, blocks);
+            let k = layers::rotary_interleaved(g, &k, ids, cos, sin, blocks);
+            layers::vision_attention(g, e, &q, &k, &vv, heads, hd)
         }
         Rope::Explicit { cos, sin } => {
+            let mut qkv = Vec::new();
+            for n in ["q", "k", "v"] {
+                qkv.push(layers::linear(g, e, w, hn, &name(n), inner, d)?);
+            }
             let bsnh = g.const_i64(&[0, 0, heads as i64, hd as i64]);
             let [q, k, vv] = [&qkv[0], &qkv[1], &qkv[2]].map(|t| g.op("Reshape", &[t, &bsnh], &[]));
             let q = layers::rope(g, &q, cos, sin);
@@ -366,5 +427,36 @@ mod tests {
         }
         // Position (0, 0) has zero angles everywhere.
         assert!(cos[..8].iter().all(|c| *c == 1.0) && sin[..8].iter().all(|s| *s == 0.0));
+    }
+
+    #[test]
+    fn a_rotary_block_holds_the_most_heads_that_fit_256_channels() {
+        assert_eq!(rotary_group(16, 64), 4, "Pixtral: 4 heads, 256 channels");
+        assert_eq!(rotary_group(16, 128), 2);
+        assert_eq!(
+            rotary_group(6, 64),
+            3,
+            "4 heads would fit but do not divide 6"
+        );
+        assert_eq!(rotary_group(5, 64), 1);
+        assert_eq!(
+            rotary_group(2, 512),
+            1,
+            "a head wider than a block stays alone"
+        );
+    }
+
+    #[test]
+    fn interleaved_rows_pair_each_channel_with_its_rotate_half_partner_in_its_head() {
+        // 2 heads of 4 channels: head 0 = rows 0..4, head 1 = rows 4..8.
+        assert_eq!(interleaved_rows(2, 4), vec![0, 2, 1, 3, 4, 6, 5, 7]);
+        let rows = interleaved_rows(16, 64);
+        let mut sorted = rows.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1024).collect::<Vec<_>>(), "a permutation");
+        assert!(rows
+            .chunks(64)
+            .enumerate()
+            .all(|(h, c)| c.iter().all(|r| r / 64 == h)));
     }
 }
