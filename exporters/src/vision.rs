@@ -83,7 +83,7 @@ const ROTARY_BLOCK_CHANNELS: usize = 256;
 fn rotary_group(heads: usize, head_dim: usize) -> usize {
     (1..=heads)
         .rev()
-        .find(|g| heads % g == 0 && g * head_dim <= ROTARY_BLOCK_CHANNELS)
+        .find(|g| heads.is_multiple_of(*g) && g * head_dim <= ROTARY_BLOCK_CHANNELS)
         .unwrap_or(1)
 }
 
