@@ -69,8 +69,7 @@ impl OrtModel {
         // The cache's type is the graph's (read below); the manifest's record of it picks
         // ONNX Runtime's transformers before the session exists (a speed matter only).
         let decoder_tweaks = session::Tweaks::decoder(variant, &manifest.kv_cache);
-        let vision =
-            session::build(&env, &path_of(graph::VISION)?, opts, Default::default())?.session;
+        let vision = session::build(&env, &path_of(graph::VISION)?, opts, Default::default())?;
         let mut embed =
             session::build(&env, &path_of(graph::EMBED)?, opts, Default::default())?.session;
         let (mut decoder, graphs_on) =
@@ -201,7 +200,7 @@ impl OrtModel {
         Ok(OrtModel {
             gqa,
             act,
-            vision: Arc::new(Mutex::new(Vision::new(vision))),
+            vision: Arc::new(Mutex::new(Vision::new(vision.session, vision.provider))),
             embed,
             decoder_takes_positions: decoder
                 .session
