@@ -8,7 +8,7 @@ use crate::generation::generate::argmax_and_top_k;
 use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use std::sync::OnceLock;
 
-fn exported() -> &'static Path {
+pub(super) fn exported() -> &'static Path {
     static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &DIR.get_or_init(|| {
         let d = tempfile::tempdir().unwrap();
@@ -25,7 +25,7 @@ fn exported() -> &'static Path {
     .1
 }
 
-fn model() -> OrtModel {
+pub(super) fn model() -> OrtModel {
     OrtModel::load(exported(), &LoadOptions::new(Precision::Fp32)).unwrap()
 }
 

@@ -9,7 +9,7 @@ use crate::runtime::providers::Provider;
 use ndarray::{Array2, Array4};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{Session, SessionInputValue};
-use ort::value::{Tensor, TensorRef};
+use ort::value::{Tensor, TensorRef, TensorRefMut};
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,16 +37,17 @@ impl Vision {
     }
 }
 
-/// Page-locked (pinned) host memory for the pixels, from the CUDA provider's allocator, kept
-/// for the last image shape.
+/// Page-locked (pinned) host memory for the pixels, from the CUDA provider's allocator,
+/// grown to the largest image so far and reused for every smaller one.
 ///
 /// Why: CUDA copies pageable memory to the device through its own bounce buffers, ~3 ms for
 /// an A4 page's 19 MiB on the H200 against 0.4 ms from pinned memory, and the vision run
 /// waits for it (`scripts/gpu_vision_io.py`: 42.6 ms with pageable pixels, 39.5 pinned). The
-/// pixels are copied in by [`copy_parallel`], which costs less than what it saves.
+/// pixels are copied in by [`copy_parallel`], which costs less than what it saves. Growing
+/// only, pages of changing sizes do not allocate (and zero) pinned memory each time.
 struct Staging {
     allocator: Allocator,
-    tensor: Option<Tensor<f32>>,
+    buffer: Option<Tensor<f32>>,
 }
 
 impl Staging {
@@ -60,7 +61,7 @@ impl Staging {
         match pinned.and_then(|m| Allocator::new(session, m)) {
             Ok(allocator) => Some(Self {
                 allocator,
-                tensor: None,
+                buffer: None,
             }),
             Err(e) => {
                 tracing::debug!("no pinned allocator for the vision encoder ({e}): pixels upload from pageable memory");
@@ -69,16 +70,25 @@ impl Staging {
         }
     }
 
-    /// A pinned tensor of `shape` holding `pixels`.
-    fn fill(&mut self, shape: &[i64], pixels: &[f32]) -> ort::Result<&Tensor<f32>> {
-        let fits = self.tensor.as_ref().is_some_and(|t| **t.shape() == *shape);
-        if !fits {
-            self.tensor = None; // free the old buffer before taking the new one
-            self.tensor = Some(Tensor::new(&self.allocator, shape.to_vec())?);
+    /// A tensor of `shape` over the pinned buffer, holding `pixels` (`shape`'s elements).
+    fn fill(&mut self, shape: &[i64], pixels: &[f32]) -> ort::Result<TensorRefMut<'_, f32>> {
+        let n = pixels.len();
+        if self
+            .buffer
+            .as_ref()
+            .is_none_or(|b| (b.shape()[0] as usize) < n)
+        {
+            self.buffer = None; // free the old buffer before taking the new one
+            self.buffer = Some(Tensor::new(&self.allocator, [n])?);
         }
-        let tensor = self.tensor.as_mut().expect("set above");
-        copy_parallel(tensor.extract_tensor_mut().1, pixels);
-        Ok(tensor)
+        let buffer = self.buffer.as_mut().expect("set above");
+        copy_parallel(&mut buffer.extract_tensor_mut().1[..n], pixels);
+        let data = buffer.data_ptr_mut();
+        // SAFETY: the buffer holds at least `n` float32s, `n` being `shape`'s element count
+        // (`pixels` is the array of that shape), in host-readable memory that its memory info
+        // describes; the view borrows `self` mutably, so the buffer outlives it and is not
+        // written while ONNX Runtime reads it.
+        unsafe { TensorRefMut::from_raw(buffer.memory_info().clone(), data, shape.into()) }
     }
 }
 
@@ -197,6 +207,37 @@ fn encode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pixels `[1, 3, h, w]` with values that differ per element.
+    fn pixels(h: usize, w: usize) -> Array4<f32> {
+        Array4::from_shape_fn((1, 3, h, w), |(_, c, y, x)| {
+            ((c * 31 + y * 7 + x * 3) % 17) as f32 / 8.0 - 1.0
+        })
+    }
+
+    #[test]
+    fn staged_pixels_give_the_features_of_lent_ones_and_the_buffer_only_grows() {
+        // The CPU allocator stands in for CUDA's pinned one: the same view over a reused buffer.
+        let model = super::super::tests::model();
+        let mut v = lock(&model.vision);
+        let mut staging = Staging {
+            allocator: Allocator::default(),
+            buffer: None,
+        };
+        let capacity = |s: &Staging| s.buffer.as_ref().map(|b| b.shape()[0]);
+        for (h, w, cap) in [
+            (56, 84, 3 * 56 * 84),
+            (28, 56, 3 * 56 * 84),
+            (84, 84, 3 * 84 * 84),
+        ] {
+            let px = pixels(h, w);
+            let lent = encode(&mut v.session, None, &px, &mut None).unwrap();
+            let staged = encode(&mut v.session, Some(&mut staging), &px, &mut None).unwrap();
+            assert_eq!(staged, lent, "{h}×{w}");
+            assert_eq!(lent.nrows(), (h / 28) * (w / 28));
+            assert_eq!(capacity(&staging), Some(cap as i64), "{h}×{w}");
+        }
+    }
 
     #[test]
     fn copy_parallel_copies_every_element_in_order() {
