@@ -47,7 +47,12 @@ impl Vision {
 /// only, pages of changing sizes do not allocate (and zero) pinned memory each time.
 struct Staging {
     allocator: Allocator,
+    /// Where the views say the pixels lie: the allocator's memory.
+    info: MemoryInfo<'static>,
     buffer: Option<Tensor<f32>>,
+    /// Tests: every fill fails, as a refused allocation or run would.
+    #[cfg(test)]
+    refuse: bool,
 }
 
 impl Staging {
@@ -60,8 +65,11 @@ impl Staging {
         );
         match pinned.and_then(|m| Allocator::new(session, m)) {
             Ok(allocator) => Some(Self {
+                info: allocator.memory_info().to_owned(),
                 allocator,
                 buffer: None,
+                #[cfg(test)]
+                refuse: false,
             }),
             Err(e) => {
                 tracing::debug!("no pinned allocator for the vision encoder ({e}): pixels upload from pageable memory");
@@ -72,6 +80,10 @@ impl Staging {
 
     /// A tensor of `shape` over the pinned buffer, holding `pixels` (`shape`'s elements).
     fn fill(&mut self, shape: &[i64], pixels: &[f32]) -> ort::Result<TensorRefMut<'_, f32>> {
+        #[cfg(test)]
+        if self.refuse {
+            return Err(ort::Error::new("refused (test)"));
+        }
         let n = pixels.len();
         if self
             .buffer
@@ -85,10 +97,10 @@ impl Staging {
         copy_parallel(&mut buffer.extract_tensor_mut().1[..n], pixels);
         let data = buffer.data_ptr_mut();
         // SAFETY: the buffer holds at least `n` float32s, `n` being `shape`'s element count
-        // (`pixels` is the array of that shape), in host-readable memory that its memory info
+        // (`pixels` is the array of that shape), in the allocator's memory, which `info`
         // describes; the view borrows `self` mutably, so the buffer outlives it and is not
         // written while ONNX Runtime reads it.
-        unsafe { TensorRefMut::from_raw(buffer.memory_info().clone(), data, shape.into()) }
+        unsafe { TensorRefMut::from_raw(self.info.clone(), data, shape.into()) }
     }
 }
 
@@ -144,7 +156,17 @@ pub(super) fn run(
     let Vision {
         session, staging, ..
     } = &mut *v;
-    let out = encode(session, staging.as_mut(), pixel_values, tap)?;
+    let out = match encode(session, staging.as_mut(), pixel_values, tap) {
+        // A run that fails with staged pixels and succeeds with lent ones: the staging is at
+        // fault, and is dropped for good (one warning), so the pages go on.
+        Err(e) if staging.is_some() => {
+            let out = encode(session, None, pixel_values, tap)?;
+            tracing::warn!("the vision encoder refused page-locked pixels ({e}); they upload from pageable memory from now on");
+            *staging = None;
+            out
+        }
+        r => r?,
+    };
     v.sizes.insert(size);
     Ok(out)
 }
@@ -220,9 +242,12 @@ mod tests {
         // The CPU allocator stands in for CUDA's pinned one: the same view over a reused buffer.
         let model = super::super::tests::model();
         let mut v = lock(&model.vision);
+        let allocator = Allocator::default();
         let mut staging = Staging {
-            allocator: Allocator::default(),
+            info: allocator.memory_info().to_owned(),
+            allocator,
             buffer: None,
+            refuse: false,
         };
         let capacity = |s: &Staging| s.buffer.as_ref().map(|b| b.shape()[0]);
         for (h, w, cap) in [
@@ -237,6 +262,23 @@ mod tests {
             assert_eq!(lent.nrows(), (h / 28) * (w / 28));
             assert_eq!(capacity(&staging), Some(cap as i64), "{h}×{w}");
         }
+    }
+
+    #[test]
+    fn a_staging_that_fails_gives_way_to_lent_pixels_for_good() {
+        let model = super::super::tests::model();
+        let px = pixels(56, 56);
+        let lent = encode(&mut lock(&model.vision).session, None, &px, &mut None).unwrap();
+        let allocator = Allocator::default();
+        lock(&model.vision).staging = Some(Staging {
+            info: allocator.memory_info().to_owned(),
+            allocator,
+            buffer: None,
+            refuse: true,
+        });
+        let got = run(&model.vision, &px, &mut None).unwrap();
+        assert_eq!(got, lent);
+        assert!(lock(&model.vision).staging.is_none());
     }
 
     #[test]
