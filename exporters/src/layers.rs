@@ -467,30 +467,6 @@ pub fn rotary_interleaved(
     )
 }
 
-/// `x · Wᵀ` like [`linear`], with the output channels of `name` reordered: output `j` is
-/// the weight's row `rows[j]`. Each output is the same dot product as before, and INT4
-/// blocks run along the input axis of each row, so quantizing the reordered matrix gives the
-/// original rows' blocks in the new order.
-#[allow(clippy::too_many_arguments)]
-pub fn linear_reordered(
-    g: &mut Graph,
-    e: Emit,
-    w: &dyn Weights,
-    x: &Value,
-    name: &str,
-    out: usize,
-    inp: usize,
-    rows: &[usize],
-) -> Result<Value, ExportError> {
-    calibration_output(g, e, x, name, inp);
-    let v = w.get(name, &[out, inp])?;
-    let v: Vec<f32> = rows
-        .iter()
-        .flat_map(|&r| v[r * inp..(r + 1) * inp].iter().copied())
-        .collect();
-    matmul(g, e, x, name, &v, out, inp)
-}
-
 /// Scaled dot-product attention on BNSH tensors with standard ops.
 ///
 /// `q`: `[B, heads, S, d]`; `k`, `v`: `[B, kv_heads, T, d]`; `mask`: optional bool

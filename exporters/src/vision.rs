@@ -102,6 +102,39 @@ fn interleaved_rows(heads: usize, head_dim: usize) -> Vec<usize> {
         .collect()
 }
 
+/// `weights` with the rows (output channels) of the `[out, in]` matrices `names` reordered:
+/// row `j` is the checkpoint's row `rows[j]`. Each output of such a Linear is the same dot
+/// product as before, and INT4 blocks run along the input axis of each row, so quantizing the
+/// reordered matrix gives the original rows' blocks in the new order.
+struct Reordered<'a> {
+    weights: &'a dyn Weights,
+    names: [String; 2],
+    rows: &'a [usize],
+}
+
+impl Weights for Reordered<'_> {
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ExportError> {
+        let v = self.weights.get(name, shape)?;
+        if !self.names.iter().any(|n| n == name) {
+            return Ok(v);
+        }
+        let inp = shape[1];
+        Ok(self
+            .rows
+            .iter()
+            .flat_map(|&r| v[r * inp..(r + 1) * inp].iter().copied())
+            .collect())
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.weights.contains(name)
+    }
+
+    fn source_dtype(&self) -> String {
+        self.weights.source_dtype()
+    }
+}
+
 /// Position ids `row·max_side + col` over the `h × wd` patch grid, and the table lookup that
 /// [`Rope`] needs for `e.target`.
 fn rope_inputs(
@@ -199,8 +232,13 @@ fn attention(
         } => {
             // [1, S, heads·hd] throughout: what RotaryEmbedding and MultiHeadAttention take.
             let rows = interleaved_rows(heads, hd);
-            let q = layers::linear_reordered(g, e, w, hn, &name("q"), inner, d, &rows)?;
-            let k = layers::linear_reordered(g, e, w, hn, &name("k"), inner, d, &rows)?;
+            let qk = Reordered {
+                weights: w,
+                names: [name("q"), name("k")],
+                rows: &rows,
+            };
+            let q = layers::linear(g, e, &qk, hn, &name("q"), inner, d)?;
+            let k = layers::linear(g, e, &qk, hn, &name("k"), inner, d)?;
             let vv = layers::linear(g, e, w, hn, &name("v"), inner, d)?;
             let blocks = heads / group;
             let q = layers::rotary_interleaved(g, &q, ids, cos, sin, blocks);
