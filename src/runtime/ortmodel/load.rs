@@ -200,7 +200,11 @@ impl OrtModel {
         Ok(OrtModel {
             gqa,
             act,
-            vision: Arc::new(Mutex::new(Vision::new(vision.session, vision.provider))),
+            vision: Arc::new(Mutex::new(Vision::new(
+                vision.session,
+                vision.provider,
+                opts.providers.device_id,
+            ))),
             embed,
             decoder_takes_positions: decoder
                 .session

@@ -23,11 +23,11 @@ pub(super) struct Vision {
 }
 
 impl Vision {
-    /// `provider` is the session's main provider: on CUDA the pixels go through a
-    /// [`Staging`] buffer (when ONNX Runtime gives the session a pinned allocator).
-    pub(super) fn new(session: Session, provider: Provider) -> Self {
+    /// `provider` is the session's main provider: on CUDA (device `device_id`) the pixels go
+    /// through a [`Staging`] buffer (when ONNX Runtime gives the session a pinned allocator).
+    pub(super) fn new(session: Session, provider: Provider, device_id: i32) -> Self {
         let staging = (provider == Provider::Cuda)
-            .then(|| Staging::new(&session))
+            .then(|| Staging::new(&session, device_id))
             .flatten();
         Self {
             session,
@@ -56,10 +56,12 @@ struct Staging {
 }
 
 impl Staging {
-    fn new(session: &Session) -> Option<Self> {
+    fn new(session: &Session, device_id: i32) -> Option<Self> {
+        // ONNX Runtime's CUDA provider makes its pinned allocator with its own device id
+        // (`CUDAPinnedAllocator(device_id, …)`); a session without one lends the pixels.
         let pinned = MemoryInfo::new(
             AllocationDevice::CUDA_PINNED,
-            0,
+            device_id.max(0),
             AllocatorType::Device,
             MemoryType::CPUInput,
         );
