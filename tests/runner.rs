@@ -274,3 +274,45 @@ fn doctor_reports_the_runtime_and_names_a_missing_library() {
         "{s}"
     );
 }
+
+#[test]
+fn bench_reports_its_phases_its_sweep_and_where_the_pixels_upload_from() {
+    let model = exported();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let table = ocrctl_ok(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--providers",
+        "cpu",
+        "--sizes",
+        "84x56",
+        "--new-tokens",
+        "3",
+        "--runs",
+        "1",
+        "--batch-sizes",
+        "2",
+        "--json-out",
+        json.to_str().unwrap(),
+    ]);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["provider"], "cpu");
+    // Pixels are staged in page-locked memory on CUDA only.
+    assert_eq!(v["vision_pixels"], "lent");
+    assert!(table.contains("lent pixels"), "{table}");
+    let row = &v["results"][0];
+    // 84×56 pixels: 3×2 merged patches of 28.
+    assert_eq!(
+        (row["size"].as_str(), row["image_tokens"].as_u64()),
+        (Some("84x56"), Some(6))
+    );
+    assert!(row["vision_ms"].as_f64().unwrap() > 0.0, "{row}");
+    let sweep = &v["batch_sweep"][0];
+    assert_eq!(
+        (sweep["batch"].as_u64(), sweep["size"].as_str()),
+        (Some(2), Some("84x56"))
+    );
+    assert!(sweep["pages_per_s"].as_f64().unwrap() > 0.0, "{sweep}");
+}

@@ -322,6 +322,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "provider": engine.backend.decoder_provider().name(),
         "decoder": engine.backend.decoder_variant().part(),
         "vision_stage": engine.vision.is_some(),
+        "vision_pixels": engine.backend.vision_pixels(),
         "prefill_stage": engine.vision.as_ref().is_some_and(|v| v.prefills()),
         "kv_cache": engine.backend.kv_capacity().map(|(s, p)| json!({"sequences": s, "positions": p})),
         "gpu_memory": gpu.total.json(),
@@ -367,7 +368,7 @@ fn mib(v: &serde_json::Value) -> String {
 fn print_table(out: &serde_json::Value) {
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     println!(
-        "model {} ({}, {}, {}{}), load {:.1}s, peak RSS {:.0} MiB",
+        "model {} ({}, {}, {}{}, {} pixels), load {:.1}s, peak RSS {:.0} MiB",
         out["model"].as_str().unwrap_or(""),
         out["precision"].as_str().unwrap_or(""),
         out["provider"].as_str().unwrap_or(""),
@@ -377,6 +378,7 @@ fn print_table(out: &serde_json::Value) {
             (Value::Bool(true), _) => ", vision stage",
             _ => "",
         },
+        out["vision_pixels"].as_str().unwrap_or("lent"),
         f(&out["load_s"]),
         f(&out["peak_rss_mib"]),
     );

@@ -204,6 +204,12 @@ impl OrtModel {
         &self.stats
     }
 
+    /// Where the vision encoder's pixels upload from: `"pinned"` (a page-locked staging buffer,
+    /// CUDA) or `"lent"` (the caller's memory, as it lies).
+    pub fn vision_pixels(&self) -> &'static str {
+        vision::pixels_source(&self.vision)
+    }
+
     /// Prefills the prefill stage has run (`None` without one, [`LoadOptions::prefill_stage`]).
     pub fn prefill_stage_runs(&self) -> Option<usize> {
         let parts = self.prefill_stage.as_ref()?;

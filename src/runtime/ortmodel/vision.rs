@@ -137,6 +137,14 @@ impl ImageEncoder for VisionHandle {
     }
 }
 
+/// `"pinned"` while the encoder stages its pixels ([`Staging`]), `"lent"` otherwise.
+pub(super) fn pixels_source(vision: &Mutex<Vision>) -> &'static str {
+    match lock(vision).staging {
+        Some(_) => "pinned",
+        None => "lent",
+    }
+}
+
 fn lock(vision: &Mutex<Vision>) -> MutexGuard<'_, Vision> {
     vision.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -278,9 +286,10 @@ mod tests {
             buffer: None,
             refuse: true,
         });
+        assert_eq!(model.vision_pixels(), "pinned");
         let got = run(&model.vision, &px, &mut None).unwrap();
         assert_eq!(got, lent);
-        assert!(lock(&model.vision).staging.is_none());
+        assert_eq!(model.vision_pixels(), "lent", "the staging is dropped");
     }
 
     #[test]
