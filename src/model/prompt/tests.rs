@@ -102,6 +102,15 @@ fn prompter() -> (tempfile::TempDir, Prompter) {
     (dir, p)
 }
 
+/// `text`'s token ids, without special tokens.
+fn encode(p: &Prompter, text: &str) -> Vec<u32> {
+    p.tokenizer()
+        .encode(text, false)
+        .unwrap()
+        .get_ids()
+        .to_vec()
+}
+
 #[test]
 fn renders_lightonocr_image_only_prompt() {
     let (_dir, p) = prompter();
@@ -217,12 +226,7 @@ fn decode_skips_special_tokens_on_request() {
 fn stream_decoder_holds_back_partial_characters() {
     let (_dir, p) = prompter();
     let text = "heé漢😀!";
-    let ids = p
-        .tokenizer()
-        .encode(text, false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
+    let ids = encode(&p, text);
     // "he" and "é" are merged tokens; 漢 = [E6 BC] + [A2]; 😀 = [F0] + [9F 98] + [80].
     assert_eq!(
         ids,
@@ -258,12 +262,7 @@ fn stream_decoder_holds_back_partial_characters() {
 fn stream_decoder_concatenation_equals_full_decode() {
     let (_dir, p) = prompter();
     let text = "Ünïcödé 漢字 🎉🙂 mixed\twith\nnewlines é😀";
-    let ids = p
-        .tokenizer()
-        .encode(text, false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
+    let ids = encode(&p, text);
     let mut dec = p.stream_decoder(false);
     let mut out = String::new();
     for &id in &ids {
