@@ -10,6 +10,18 @@ use ocrctl_exporters::export::{Manifest, Precision};
 use ocrctl_exporters::layers::Target;
 use profiles_support::*;
 
+/// `ocrctl profiles check cpu --model MODEL --memory 16`.
+fn check_cpu_16(model: &std::path::Path) -> std::process::Output {
+    let model = model.to_str().unwrap();
+    ocrctl(
+        &[
+            "profiles", "check", "cpu", "--model", model, "--memory", "16",
+        ],
+        None,
+        &[],
+    )
+}
+
 #[test]
 fn a_profile_too_big_for_the_gpu_fails_check_with_advice_on_the_batch() {
     let dir = tempfile::tempdir().unwrap();
@@ -149,19 +161,7 @@ fn an_unfused_vision_encoder_on_the_cpu_counts_its_scores() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
     fake_export(&model, &[Precision::Int4], Target::TensorRt);
-    let out = ocrctl(
-        &[
-            "profiles",
-            "check",
-            "cpu",
-            "--model",
-            model.to_str().unwrap(),
-            "--memory",
-            "16",
-        ],
-        None,
-        &[],
-    );
+    let out = check_cpu_16(model.as_path());
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     // 16 heads × 12100² patches × 8 B (float32 scores and softmax).
@@ -174,19 +174,7 @@ fn an_unfused_vision_encoder_on_the_cpu_counts_its_scores() {
     // The same graphs exported for ONNX Runtime (fused attention) fit a 16 GiB host.
     let model2 = dir.path().join("m2");
     fake_export(&model2, &[Precision::Int4], Target::Ort);
-    let out = ocrctl(
-        &[
-            "profiles",
-            "check",
-            "cpu",
-            "--model",
-            model2.to_str().unwrap(),
-            "--memory",
-            "16",
-        ],
-        None,
-        &[],
-    );
+    let out = check_cpu_16(model2.as_path());
     assert!(out.status.success(), "{}", stdout(&out));
     assert!(stdout(&out).contains("host memory"));
 }
@@ -228,19 +216,7 @@ fn check_on_a_real_tiny_export_flags_positions_beyond_the_model() {
         files
     );
     // The tiny model has 4096 positions; the cpu profile asks for 6144.
-    let out = ocrctl(
-        &[
-            "profiles",
-            "check",
-            "cpu",
-            "--model",
-            model.to_str().unwrap(),
-            "--memory",
-            "16",
-        ],
-        None,
-        &[],
-    );
+    let out = check_cpu_16(model.as_path());
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
