@@ -27,7 +27,10 @@ DTYPES = {"F32": np.float32, "U8": np.uint8}
 
 
 def read_safetensors(path):
-    """{name: array} of a safetensors file (the format's 8-byte header length, JSON, data)."""
+    """{name: array} of a safetensors file (the format's 8-byte header length, JSON, data).
+
+    Read by hand: the GPU machine's Python has numpy but not necessarily the `safetensors`
+    package, and it cannot install one (no network)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))

@@ -5,11 +5,11 @@
 //! - [`Target::Ort`]: ONNX Runtime's fused contrib ops where they help on CUDA/CPU:
 //!   `com.microsoft.MultiHeadAttention` for the vision encoder's unmasked attention (avoids
 //!   materialising S×S scores per head), the vision encoder's 2-D RoPE as
-//!   `com.microsoft.RotaryEmbedding` ([`rotary_interleaved`]) and its residual sums with the RMSNorm after
-//!   them as `com.microsoft.SkipSimplifiedLayerNormalization` ([`add_rms_norm`]); the GQA
-//!   decoder adds `com.microsoft.GroupQueryAttention`. A lone RMSNorm is written in standard
-//!   ops in the form ONNX Runtime's `SimplifiedLayerNormFusion` turns into its fused kernel on
-//!   CPU and CUDA (see [`rms_norm`]).
+//!   `com.microsoft.RotaryEmbedding` ([`rotary_interleaved`]) and its residual sums with the
+//!   RMSNorm after them as `com.microsoft.SkipSimplifiedLayerNormalization`
+//!   ([`add_rms_norm`]); the GQA decoder adds `com.microsoft.GroupQueryAttention`. A lone
+//!   RMSNorm is written in standard ops in the form ONNX Runtime's `SimplifiedLayerNormFusion`
+//!   turns into its fused kernel on CPU and CUDA (see [`rms_norm`]).
 //!
 //! Numerics follow transformers: norms are computed in float32 and cast back before the
 //! weight multiply; attention softmax runs in float32.

@@ -7,11 +7,11 @@
 //!
 //! 2-D RoPE: a cos/sin table over the `max_side²` grid positions, indexed by the position id
 //! `row·max_side + col`. `--target tensorrt` gathers full-width rows and rotates with standard
-//! ops; `--target ort` gathers this image's half-width rows, repeats them across a block of heads,
-//! and hands them to ONNX Runtime's `RotaryEmbedding` (interleaved, over Q/K projections whose
-//! rows are reordered to match) on `[1, S, heads·head_dim]` (a 4-D input would be read as BNSH, the
-//! layout mistake that broke other Pixtral exports), checked against the reference like every
-//! graph.
+//! ops; `--target ort` gathers this image's half-width rows, repeats them across a block of
+//! heads, and hands them to ONNX Runtime's `RotaryEmbedding` (interleaved, over Q/K
+//! projections whose rows are reordered to match) on `[1, S, heads·head_dim]` (a 4-D input
+//! would be read as BNSH, the layout mistake that broke other Pixtral exports), checked
+//! against the reference like every graph.
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;

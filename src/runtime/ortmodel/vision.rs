@@ -47,9 +47,9 @@ impl Vision {
 /// only, pages of changing sizes do not allocate (and zero) pinned memory each time.
 struct Staging {
     allocator: Allocator,
-    /// Where the views say the pixels lie: the allocator's memory.
-    info: MemoryInfo<'static>,
     buffer: Option<Tensor<f32>>,
+    /// Threads [`copy_parallel`] copies on: up to 4 (read once, not per page).
+    threads: usize,
     /// Tests: every fill fails, as a refused allocation or run would.
     #[cfg(test)]
     refuse: bool,
@@ -67,9 +67,9 @@ impl Staging {
         );
         match pinned.and_then(|m| Allocator::new(session, m)) {
             Ok(allocator) => Some(Self {
-                info: allocator.memory_info().to_owned(),
                 allocator,
                 buffer: None,
+                threads: copy_threads(),
                 #[cfg(test)]
                 refuse: false,
             }),
@@ -96,23 +96,33 @@ impl Staging {
             self.buffer = Some(Tensor::new(&self.allocator, [n])?);
         }
         let buffer = self.buffer.as_mut().expect("set above");
-        copy_parallel(&mut buffer.extract_tensor_mut().1[..n], pixels);
+        copy_parallel(
+            &mut buffer.extract_tensor_mut().1[..n],
+            pixels,
+            self.threads,
+        );
         let data = buffer.data_ptr_mut();
+        let info = self.allocator.memory_info().to_owned();
         // SAFETY: the buffer holds at least `n` float32s, `n` being `shape`'s element count
         // (`pixels` is the array of that shape), in the allocator's memory, which `info`
         // describes; the view borrows `self` mutably, so the buffer outlives it and is not
         // written while ONNX Runtime reads it.
-        unsafe { TensorRefMut::from_raw(self.info.clone(), data, shape.into()) }
+        unsafe { TensorRefMut::from_raw(info, data, shape.into()) }
     }
 }
 
 /// Elements per thread below which [`copy_parallel`] copies on fewer threads.
 const COPY_CHUNK: usize = 1 << 20;
 
-/// `dst.copy_from_slice(src)` on up to 4 threads. A single core copies an A4 page's 19 MiB in
-/// ~2 ms, most of what pinned memory saves; a few cores share the memory's bandwidth.
-fn copy_parallel(dst: &mut [f32], src: &[f32]) {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+/// The host's cores, at most 4: what [`copy_parallel`] spreads a page over.
+fn copy_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// `dst.copy_from_slice(src)` on up to `threads` threads. A single core copies an A4 page's
+/// 19 MiB in ~2 ms, most of what pinned memory saves; a few cores share the memory's bandwidth.
+fn copy_parallel(dst: &mut [f32], src: &[f32], threads: usize) {
+    let threads = threads.max(1);
     let chunk = src.len().div_ceil(threads).max(COPY_CHUNK);
     if chunk >= src.len() {
         dst.copy_from_slice(src);
@@ -195,9 +205,10 @@ fn encode(
         Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
         _ => DType::F32,
     };
-    // float32 pixels are lent to ONNX Runtime as they lie, not copied: an A4 page's are
-    // 19 MiB, and copying them cost ~3 ms of each page's vision time on the H200's host
-    // (docs/benchmarks/2026-12-04-h200/).
+    // float32 pixels go through the page-locked staging buffer on CUDA ([`Staging`]), and are
+    // otherwise lent to ONNX Runtime as they lie, not copied: an A4 page's are 19 MiB, and
+    // copying them into ordinary memory cost ~3 ms of each page's vision time on the H200's
+    // host (docs/benchmarks/2026-12-04-h200/).
     let input = match (pixel_dtype, pixel_values.as_slice(), staging) {
         (DType::F32, Some(s), Some(staging)) => SessionInputValue::from(
             staging
@@ -252,11 +263,10 @@ mod tests {
         // The CPU allocator stands in for CUDA's pinned one: the same view over a reused buffer.
         let model = super::super::tests::model();
         let mut v = lock(&model.vision);
-        let allocator = Allocator::default();
         let mut staging = Staging {
-            info: allocator.memory_info().to_owned(),
-            allocator,
+            allocator: Allocator::default(),
             buffer: None,
+            threads: 2,
             refuse: false,
         };
         let capacity = |s: &Staging| s.buffer.as_ref().map(|b| b.shape()[0]);
@@ -279,11 +289,10 @@ mod tests {
         let model = super::super::tests::model();
         let px = pixels(56, 56);
         let lent = encode(&mut lock(&model.vision).session, None, &px, &mut None).unwrap();
-        let allocator = Allocator::default();
         lock(&model.vision).staging = Some(Staging {
-            info: allocator.memory_info().to_owned(),
-            allocator,
+            allocator: Allocator::default(),
             buffer: None,
+            threads: 2,
             refuse: true,
         });
         assert_eq!(model.vision_pixels(), "pinned");
@@ -296,9 +305,11 @@ mod tests {
     fn copy_parallel_copies_every_element_in_order() {
         for len in [0, 5, COPY_CHUNK, 3 * COPY_CHUNK + 7] {
             let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
-            let mut dst = vec![-1.0; len];
-            copy_parallel(&mut dst, &src);
-            assert_eq!(dst, src, "length {len}");
+            for threads in [0, 1, 4] {
+                let mut dst = vec![-1.0; len];
+                copy_parallel(&mut dst, &src, threads);
+                assert_eq!(dst, src, "length {len}, {threads} threads");
+            }
         }
     }
 }
