@@ -21,10 +21,12 @@ const DECODE_BYTES_PER_PIXEL: u64 = 11;
 const PDF_PAGE_BYTES: u64 =
     crate::documents::pdf::PDF_MAX_SIDE as u64 * crate::documents::pdf::PDF_MAX_SIDE as u64 * 4;
 
-/// Bounds the memory of images being decoded at once, across all requests: each decode
-/// first takes its estimated bytes ([`decode_cost`]) from the budget and gives them back
-/// when its preprocessing is done. A decode larger than the whole budget runs alone.
-/// (Before, twelve 10000² PNGs of 3.8 MB in all decoded at once to a 4.9 GB RSS.)
+/// Bounds the memory of request images being decoded and preprocessed at once, across all
+/// requests: each request first takes its [`Plan`]'s bytes (its largest decode plus its pages'
+/// preprocessed pixels) from the budget and gives them back once its pages are queued. A request
+/// larger than the whole budget runs alone.
+/// (Before, twelve 10000² PNGs of 3.8 MB in all decoded at once to a 4.9 GB RSS; and before the
+/// pixels were counted, sixteen requests of eight blank 1540² PNGs held 3.0 GB.)
 #[derive(Debug)]
 pub struct DecodeBudget {
     total: u64,
@@ -97,16 +99,70 @@ impl DecodeBudget {
 /// Estimated peak bytes of decoding `bytes`: from the image header's size (read without
 /// decoding), or per page for a PDF of at most `max_pages` pages; 0 when the format is
 /// unknown (decoding then fails at once).
-pub fn decode_cost(bytes: &[u8], max_pages: usize) -> u64 {
+fn decode_cost(bytes: &[u8], max_pages: usize) -> u64 {
     if crate::documents::pdf::is_pdf(bytes) {
         return PDF_PAGE_BYTES * max_pages as u64;
     }
+    header_size(bytes).map_or(0, |(w, h)| {
+        u64::from(w) * u64::from(h) * DECODE_BYTES_PER_PIXEL
+    })
+}
+
+/// `(width, height)` from an image's header, without decoding it.
+fn header_size(bytes: &[u8]) -> Option<(u32, u32)> {
     image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
+        .ok()?
+        .into_dimensions()
         .ok()
-        .and_then(|r| r.into_dimensions().ok())
-        .map(|(w, h)| w as u64 * h as u64 * DECODE_BYTES_PER_PIXEL)
-        .unwrap_or(0)
+}
+
+/// What the uploads of one request will take once preprocessed, known from their headers before
+/// anything is decoded: [`plan`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Image tokens of the plain images (a PDF's pages are counted once rendered; an unknown
+    /// format counts 0 and fails to decode).
+    pub tokens: usize,
+    /// What to take from the [`DecodeBudget`] for the whole request: the largest decode plus
+    /// every page's preprocessed pixels (float32, 12 bytes a pixel), which the request holds
+    /// until it is queued.
+    pub bytes: u64,
+}
+
+/// Plans the preprocessing of `uploads` (images, or PDFs of at most `max_pages` pages each).
+///
+/// Without it, sixteen concurrent chat requests of eight blank 1540×1540 PNGs (109 KB each)
+/// took the fixture server from 62 MB to 3.0 GB before their prompts were found too long
+/// (`scripts/serve_image_memory.py`).
+/// The token count refuses such a request before decoding, and taking the pixels' bytes from the
+/// budget bounds what requests being preprocessed hold at once.
+pub fn plan<'a>(
+    uploads: impl IntoIterator<Item = &'a [u8]>,
+    max_pages: usize,
+    pre: &PreprocessConfig,
+) -> Plan {
+    let align = u64::from(pre.alignment());
+    // (tokens, preprocessed bytes) of an image of `w × h` source pixels.
+    let page = |w: u32, h: u32| {
+        let (th, tw) = preprocess::target_size(h, w, pre);
+        let (th, tw) = (u64::from(th), u64::from(tw));
+        ((th / align * (tw / align)) as usize, th * tw * 12)
+    };
+    let (mut plan, mut largest_decode) = (Plan::default(), 0);
+    for bytes in uploads {
+        largest_decode = largest_decode.max(decode_cost(bytes, max_pages));
+        if crate::documents::pdf::is_pdf(bytes) {
+            let side = crate::documents::pdf::PDF_MAX_SIDE;
+            plan.bytes += page(side, side).1 * max_pages as u64;
+        } else if let Some((w, h)) = header_size(bytes) {
+            let (tokens, px) = page(w, h);
+            plan.tokens += tokens;
+            plan.bytes += px;
+        }
+    }
+    plan.bytes += largest_decode;
+    plan
 }
 
 /// Maps a decoding failure to a 400 naming the request field.
@@ -329,5 +385,37 @@ mod tests {
             .unwrap();
         assert_eq!(decode_cost(&png, 8), 300 * 200 * DECODE_BYTES_PER_PIXEL);
         assert_eq!(decode_cost(b"not an image", 8), 0);
+    }
+
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        image::RgbImage::new(w, h)
+            .write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+            .unwrap();
+        out
+    }
+
+    /// The plan's tokens are what preprocessing gives, in either orientation; its bytes are
+    /// the largest decode plus every page's float32 pixels.
+    #[test]
+    fn a_plan_counts_tokens_and_bytes_from_headers() {
+        let pre = PreprocessConfig::default();
+        let uploads = [png(3000, 2000), png(100, 40), png(2000, 3000)];
+        let plan = plan(uploads.iter().map(Vec::as_slice), 4, &pre);
+        let mut tokens = 0;
+        let mut pixels = 0;
+        for (w, h) in [(3000, 2000), (100, 40), (2000, 3000)] {
+            let p = preprocess::preprocess(&RgbImage::new(w, h), &pre);
+            tokens += p.num_image_tokens;
+            pixels += p.pixel_values.len() as u64 * 4;
+        }
+        assert_eq!(plan.tokens, tokens);
+        assert_eq!(plan.bytes, pixels + 3000 * 2000 * DECODE_BYTES_PER_PIXEL);
+        // A PDF: its pages' tokens are left to the per-page check, its bytes are the worst case.
+        let pdf = b"%PDF-1.7\n".as_slice();
+        let p = super::plan([pdf], 3, &pre);
+        assert_eq!(p.tokens, 0);
+        assert!(p.bytes >= 3 * (PDF_PAGE_BYTES + 1540 * 1540 * 12), "{p:?}");
+        assert_eq!(super::plan([b"junk".as_slice()], 3, &pre), Plan::default());
     }
 }

@@ -283,6 +283,23 @@ pub(crate) fn check_length(
     Ok(())
 }
 
+/// Refuses, before anything is decoded, a request whose images alone (their tokens read from
+/// the headers, [`images::plan`]) leave no room for `max_tokens`.
+fn check_image_tokens(st: &AppState, tokens: usize, max_tokens: usize) -> Result<(), ApiError> {
+    if tokens + max_tokens > st.cfg.max_sequence_length {
+        return Err(ApiError::bad(
+            "messages",
+            format!(
+                "the images take {tokens} tokens before any text; with max_tokens {max_tokens} \
+                 that is more than the limit of {} (max_sequence_length); send fewer or smaller \
+                 images or ask for fewer tokens",
+                st.cfg.max_sequence_length
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn new_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -378,20 +395,22 @@ pub async fn chat(
         st.cfg.max_body_bytes,
     )
     .await?;
+    let plan = images::plan(raw.iter().map(|(b, _)| b.as_slice()), 1, &st.pre);
+    check_image_tokens(&st, plan.tokens, max_tokens)?;
     let st2 = st.clone();
     let messages = std::mem::take(&mut p.messages);
     let client = ClientAlive::new();
     let alive = client.flag();
     let (prompt_ids, pixels) = tokio::task::spawn_blocking(move || {
         let is_alive = || alive.load(Ordering::Relaxed);
+        // One permit for the decodes and every preprocessed page, until they are queued.
+        let _permit = st2
+            .decode_budget
+            .acquire(plan.bytes, &is_alive)
+            .ok_or_else(client_gone)?;
         let mut pixels = Vec::with_capacity(raw.len());
         let mut counts = Vec::with_capacity(raw.len());
         for (bytes, param) in &raw {
-            let cost = images::decode_cost(bytes, 1);
-            let _permit = st2
-                .decode_budget
-                .acquire(cost, &is_alive)
-                .ok_or_else(client_gone)?;
             let pre = images::prepare_image(bytes, param, st2.cfg.max_pixels, &st2.pre)?;
             counts.push(pre.num_image_tokens);
             pixels.push(pre.pixel_values);

@@ -2,46 +2,7 @@
 //! server stays healthy; the API key on `/v1`.
 
 use super::*;
-
-/// A PNG declaring `w`×`h` whose data is one empty zlib stream: what a decompression bomb
-/// looks like before decoding (header, a tiny IDAT, IEND).
-fn png_header(w: u32, h: u32) -> Vec<u8> {
-    fn chunk(v: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
-        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let start = v.len();
-        v.extend_from_slice(kind);
-        v.extend_from_slice(data);
-        let crc = crc32(&v[start..]);
-        v.extend_from_slice(&crc.to_be_bytes());
-    }
-    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = w.to_be_bytes().to_vec();
-    ihdr.extend_from_slice(&h.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(&mut v, b"IHDR", &ihdr);
-    chunk(
-        &mut v,
-        b"IDAT",
-        &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01],
-    );
-    chunk(&mut v, b"IEND", &[]);
-    v
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut c = 0xffff_ffffu32;
-    for b in data {
-        c ^= *b as u32;
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xedb8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
+use common::server::png_header;
 
 fn image_part(url: &str) -> Value {
     json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}], "max_tokens": 4})

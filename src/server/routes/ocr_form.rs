@@ -125,7 +125,8 @@ pub async fn ocr(
     let alive = client.flag();
     let pages = tokio::task::spawn_blocking(move || {
         let is_alive = || alive.load(Ordering::Relaxed);
-        let cost = images::decode_cost(&bytes, st2.cfg.max_images);
+        // The render or decode and every preprocessed page, until they are queued.
+        let cost = images::plan([&bytes[..]], st2.cfg.max_images, &st2.pre).bytes;
         let _permit = st2
             .decode_budget
             .acquire(cost, &is_alive)

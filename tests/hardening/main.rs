@@ -1,11 +1,11 @@
 //! Regression tests for the outsider's attack on `ocrctl serve` and the CLI (issue 10): each
 //! test failed before its fix. Server tests run the tiny fixture on the CPU (fp32).
 
+#[path = "../common/mod.rs"]
 mod common;
+mod images;
 
-use common::server::{
-    chat_body, concurrently, multipart, post_json_to, request, spawn_clients, Server,
-};
+use common::server::{chat_body, multipart, post_json_to, request, spawn_clients, Server};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -106,66 +106,6 @@ fn oversized_prompt_text_is_refused_before_tokenising() {
     let r = request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(error_of(&r).0, "prompt");
-}
-
-/// A PNG of `w`×`h` grey pixels (compresses to almost nothing).
-fn big_png(w: u32, h: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    image::RgbImage::from_pixel(w, h, image::Rgb([200, 200, 200]))
-        .write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
-        .unwrap();
-    out
-}
-
-fn peak_rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
-/// 10.3: twelve large PNGs decoded at once to a 4.9 GB RSS. Now decodes share a budget
-/// from the profile (`decode_memory_mb`): with 64 MiB, six 3000² uploads (99 MB each by the
-/// estimate) decode one at a time.
-#[test]
-fn concurrent_large_images_decode_within_the_profiles_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    // Small model inputs (112 px) so that queued pages do not blur the decode peak.
-    let p = profile(dir.path(), "decode_memory_mb: 64\n");
-    let yaml = std::fs::read_to_string(&p)
-        .unwrap()
-        .replace("max_image_side: 1540", "max_image_side: 112");
-    std::fs::write(&p, yaml).unwrap();
-    let s = Server::start(
-        common::exported(),
-        &["--profile", p.to_str().unwrap()],
-        true,
-    );
-    let png = big_png(3000, 3000);
-    let before = peak_rss_kib(s.child.id());
-    let addr = s.addr.clone();
-    let got = concurrently(6, move |_| {
-        let (ct, mp) = multipart(&[("max_tokens", "2")], Some(("big.png", &png)));
-        request(&addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap()
-    });
-    for r in got {
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
-    let m = s.get("/metrics").unwrap().text();
-    let peak: f64 = m
-        .lines()
-        .find_map(|l| l.strip_prefix("ocrctl_image_decode_peak_bytes "))
-        .expect("decode gauge")
-        .parse()
-        .unwrap();
-    assert!(peak <= 64.0 * 1024.0 * 1024.0, "peak {peak}");
-    assert!(peak > 0.0);
-    // Six concurrent decodes would add ~6 x 63 MB (RGBA-free 8-bit RGB buffers and their
-    // copies); one at a time stays well under half of that.
-    let grown_mib = (peak_rss_kib(s.child.id()) - before) / 1024;
-    assert!(grown_mib < 200, "peak RSS grew by {grown_mib} MiB");
 }
 
 /// 10.4: sixteen 3.9 MB stop strings made everyone 300x slower. Stop strings are now bounded
