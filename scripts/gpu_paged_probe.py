@@ -47,6 +47,7 @@ from onnx import TensorProto, helper
 import onnxruntime as ort
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from paged_reference import dense_attention, paged_attention, project  # noqa: E402
 
 HQ, HKV, D, EPS, THETA = 16, 8, 128, 1e-6, 1e6
 MAXPOS = 4096
@@ -114,64 +115,11 @@ def paged_model(hq, cache, block, norms=True):
     return m.SerializeToString(), (w, w[::-1]) if norms else None
 
 
-def rms(x, w):
-    x = x.astype(np.float32)
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS) * w.astype(np.float32)
-
-
-def rotate(x, pos, cos, sin):
-    """Rotate-half rotary of `x [n, heads, D]` at positions `pos [n]`, as float16 (the node's
-    dtype) after float32 arithmetic."""
-    c = cos[pos].astype(np.float32)[:, None, :]
-    s = sin[pos].astype(np.float32)[:, None, :]
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1).astype(np.float16)
-
-
-def project(qkv, hq, norms, pos):
-    """The node's prologue for tokens at positions `pos`: split, norms, rotary."""
+def reference(qkv, norms, cu, past, table, kc, vc):
+    """numpy's PagedAttention at LightOnOCR's shape (`paged_reference.paged_attention`) on
+    float32 caches, updated in place."""
     cos, sin = rope_tables()
-    n = qkv.shape[0]
-    q = qkv[:, : hq * D].reshape(n, hq, D)
-    k = qkv[:, hq * D:(hq + HKV) * D].reshape(n, HKV, D)
-    v = qkv[:, (hq + HKV) * D:].reshape(n, HKV, D)
-    if norms is not None:
-        q, k = rms(q, norms[0]).astype(np.float16), rms(k, norms[1]).astype(np.float16)
-    return rotate(q, pos, cos, sin), rotate(k, pos, cos, sin), v
-
-
-def paged_reference(qkv, hq, norms, cu, past, table, kc, vc):
-    """numpy's PagedAttention: writes each new token's key and value into the paged caches
-    (`kc`, `vc`, float32, updated in place) and returns the output `[T, hq · D]`."""
-    block = kc.shape[1]
-    out = np.zeros((qkv.shape[0], hq * D), np.float32)
-    for b in range(len(past)):
-        lo, hi = cu[b], cu[b + 1]
-        if hi == lo:
-            continue  # a sequence with no token in this call
-        pos = past[b] + np.arange(hi - lo)
-        q, k, v = project(qkv[lo:hi], hq, norms, pos)
-        for i, p in enumerate(pos):
-            kc[table[b, p // block], p % block] = k[i]
-            vc[table[b, p // block], p % block] = v[i]
-        total = past[b] + hi - lo
-        keys = np.stack([kc[table[b, p // block], p % block] for p in range(total)])
-        vals = np.stack([vc[table[b, p // block], p % block] for p in range(total)])
-        out[lo:hi] = dense_attention(q.astype(np.float32), keys, vals, past[b], hq)
-    return out
-
-
-def dense_attention(q, keys, vals, past, hq):
-    """Causal attention of `q [n, hq, D]` at positions past.. over `keys/vals [total, 8, D]`."""
-    g = hq // HKV
-    n, total = q.shape[0], keys.shape[0]
-    out = np.zeros((n, hq, D), np.float32)
-    for h in range(hq):
-        s = q[:, h] @ keys[:, h // g].T / np.sqrt(D)
-        s[np.arange(total)[None, :] > past + np.arange(n)[:, None]] = -np.inf
-        p = np.exp(s - s.max(-1, keepdims=True))
-        out[:, h] = (p / p.sum(-1, keepdims=True)) @ vals[:, h // g]
-    return out.reshape(n, hq * D)
+    return paged_attention(qkv, kc, vc, cu, past, table, cos, sin, HQ, HKV, norms, EPS)
 
 
 def pad_heads(qkv, hq):
@@ -261,7 +209,7 @@ def history(rng, pasts):
 
 class Node:
     """One PagedAttention session with its device caches, and numpy's float32 copies of them
-    kept in step by [`paged_reference`]."""
+    kept in step by `reference`."""
 
     def __init__(self, hq, cache, block, blocks, graph=False):
         self.hq, self.cache = hq, cache
@@ -285,7 +233,7 @@ class Node:
             ro.add_run_config_entry("gpu_graph_id", str(graph_id))
         self.sess.run_with_iobinding(io, ro)
         got = unpad(io.copy_outputs_to_cpu()[0], self.hq).astype(np.float32)
-        want = paged_reference(qkv, HQ, self.norms, cu, past, table, self.ref_k, self.ref_v)
+        want = reference(qkv, self.norms, cu, past, table, self.ref_k, self.ref_v)
         return got, want
 
 
@@ -331,13 +279,13 @@ def check_graph(rng, block=128, grow=7):
     ro.add_run_config_entry("gpu_graph_id", "1")
     for _ in range(3):  # ONNX Runtime captures on a later run; each rewrites the same rows
         node.sess.run_with_iobinding(io, ro)
-    paged_reference(qkv0, HQ, node.norms, cu, pasts, table, node.ref_k, node.ref_v)
+    reference(qkv0, node.norms, cu, pasts, table, node.ref_k, node.ref_v)
     qkv1 = rng.standard_normal((4, (HQ + 2 * HKV) * D)).astype(np.float16)
     qkv_dev.update_inplace(qkv1)
     past_dev.update_inplace(pasts + grow)
     node.sess.run_with_iobinding(io, ro)
     got = io.copy_outputs_to_cpu()[0].astype(np.float32)
-    want = paged_reference(qkv1, HQ, node.norms, cu, pasts + grow, table, node.ref_k, node.ref_v)
+    want = reference(qkv1, node.norms, cu, pasts + grow, table, node.ref_k, node.ref_v)
     print(f"graph replay after +{grow} positions: output max|d| {np.abs(got - want).max():.5f}",
           flush=True)
 
@@ -443,15 +391,15 @@ def check_here():
         _, norms = paged_model(HQ, "fp16", block)
         kc = np.zeros((blocks, block, HKV, D), np.float32)
         vc = np.zeros_like(kc)
-        paged_reference(hist, HQ, norms, hist_cu, np.zeros(3, np.int32), table, kc, vc)
-        got = paged_reference(qkv, HQ, norms, cu, past, table, kc, vc)
+        reference(hist, norms, hist_cu, np.zeros(3, np.int32), table, kc, vc)
+        got = reference(qkv, norms, cu, past, table, kc, vc)
         worst = 0.0
         for b in range(len(news)):
             # Dense: the sequence's whole token stream at once, no block table, no cache.
             toks = np.concatenate([hist[hist_cu[b]:hist_cu[b + 1]], qkv[cu[b]:cu[b + 1]]])
-            q, k, v = project(toks, HQ, norms, np.arange(len(toks)))
-            want = dense_attention(q.astype(np.float32), k.astype(np.float32),
-                                   v.astype(np.float32), 0, HQ)[pasts[b]:]
+            cos, sin = rope_tables()
+            q, k, v = project(toks, HQ, HKV, np.arange(len(toks)), cos, sin, norms, EPS)
+            want = dense_attention(q, k, v, 0)[pasts[b]:]
             worst = max(worst, np.abs(got[cu[b]:cu[b + 1]] - want).max())
         print(f"here block={block}: paged reference vs dense max|d| {worst:.2e}")
         assert worst < 1e-5, worst

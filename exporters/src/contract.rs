@@ -22,6 +22,8 @@ pub mod graph {
     pub const DECODER_MERGED: &str = "decoder_model_merged";
     /// The GroupQueryAttention decoder with a fixed-size, in-place KV cache.
     pub const DECODER_GQA: &str = "decoder_model_gqa";
+    /// The PagedAttention decoder over a KV cache in blocks (experimental).
+    pub const DECODER_PAGED: &str = "decoder_model_paged";
     /// Folder of the graphs inside an export.
     pub const DIR: &str = "onnx";
 }
@@ -50,6 +52,16 @@ pub mod tensor {
     pub const SEQLENS_K: &str = "seqlens_k";
     /// GQA decoder: the largest total length of the batch (int32 scalar).
     pub const TOTAL_SEQUENCE_LENGTH: &str = "total_sequence_length";
+    /// Paged decoder: where each sequence's new tokens start in the packed input, and their
+    /// total last (int32 `[B + 1]`).
+    pub const CUMULATIVE_SEQUENCE_LENGTH: &str = "cumulative_sequence_length";
+    /// Paged decoder: the positions each sequence holds before this call (int32 `[B]`).
+    pub const PAST_SEQLENS: &str = "past_seqlens";
+    /// Paged decoder: each sequence's cache blocks, in order (int32 `[B, max_blocks]`).
+    pub const BLOCK_TABLE: &str = "block_table";
+    /// Paged decoder: bounds on any sequence's new tokens and total positions in this call
+    /// (int32 `[2]`, host memory).
+    pub const ATTENTION_METADATA: &str = "attention_metadata";
     /// GQA decoder: the argmax of the logits, picked on the device (int64 `[B, 1]`).
     pub const NEXT_TOKEN: &str = "next_token";
     /// GQA decoder: the [`SAMPLING_CANDIDATES`] largest logits of each row, largest first

@@ -42,21 +42,31 @@ use crate::ExportError;
 /// Checks that GQA's kernels take this model's attention shape: rotary over the whole head
 /// (`head_dim / 2` a multiple of 8, `head_dim` a multiple of 16) and whole KV groups.
 pub fn check(cfg: &ModelConfig, target: Target) -> Result<(), ExportError> {
+    check_attention(cfg, target, "gqa", "GroupQueryAttention")
+}
+
+/// The checks of [`check`] for the `what` decoder, whose attention is ONNX Runtime's `op`
+/// (PagedAttention has the same rotary and grouping constraints).
+pub(crate) fn check_attention(
+    cfg: &ModelConfig,
+    target: Target,
+    what: &str,
+    op: &str,
+) -> Result<(), ExportError> {
     let t = &cfg.text;
     if target != Target::Ort {
-        return Err(ExportError::Invalid(
-            "the gqa decoder uses ONNX Runtime's GroupQueryAttention: export it with --target ort"
-                .into(),
-        ));
+        return Err(ExportError::Invalid(format!(
+            "the {what} decoder uses ONNX Runtime's {op}: export it with --target ort"
+        )));
     }
     if !t.head_dim.is_multiple_of(16)
         || t.num_kv_heads == 0
         || !t.num_heads.is_multiple_of(t.num_kv_heads)
     {
         return Err(ExportError::Invalid(format!(
-            "the gqa decoder needs head_dim a multiple of 16 and num_attention_heads a multiple \
-             of num_key_value_heads (this model: head_dim {}, {} heads, {} KV heads); export \
-             --decoder merged",
+            "the {what} decoder needs head_dim a multiple of 16 and num_attention_heads a \
+             multiple of num_key_value_heads (this model: head_dim {}, {} heads, {} KV heads); \
+             export --decoder merged",
             t.head_dim, t.num_heads, t.num_kv_heads
         )));
     }
@@ -65,7 +75,7 @@ pub fn check(cfg: &ModelConfig, target: Target) -> Result<(), ExportError> {
 
 /// RoPE tables `[positions, head_dim / 2]` like transformers computes them: float32 angles
 /// `position · inv_freq`, their cosine and sine.
-fn rope_tables(theta: f64, head_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn rope_tables(theta: f64, head_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
     let inv = layers::inv_freq(theta, head_dim);
     let mut cos = Vec::with_capacity(positions * inv.len());
     let mut sin = Vec::with_capacity(positions * inv.len());
@@ -93,27 +103,8 @@ pub fn build(
     check(cfg, e.target)?;
     let kv = layout.kv;
     let cache = kv.dtype(e.act);
-    // Query heads per KV head in the attention node: an 8-bit cache pads each group with
-    // zero queries to what XQA takes (see `kv_cache`). The padding lives in the weights:
-    // q_proj gets zero rows (zero queries, which q_norm keeps zero) and o_proj zero columns
-    // (the padding heads' outputs count for nothing), so the graph has no extra node. (A
-    // `Pad` node on the queries instead cost 0.9 ms per layer per A4 prompt on the H200.)
-    let group = cfg.text.num_heads / cfg.text.num_kv_heads;
-    let padded = layout.attention_group(group)?;
-    let padded_cfg;
-    let padded_w;
-    let (cfg, w): (&ModelConfig, &dyn Weights) = if padded > group {
-        padded_cfg = cfg.with_query_heads(cfg.text.num_kv_heads * padded);
-        padded_w = PaddedHeads {
-            inner: w,
-            group,
-            padded,
-            head_dim: cfg.text.head_dim,
-        };
-        (&padded_cfg, &padded_w)
-    } else {
-        (cfg, w)
-    };
+    let padding = Padding::of(cfg, w, &layout)?;
+    let (cfg, w) = padding.model(cfg, w);
     let t = &cfg.text;
     let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
     let mut g = Graph::create(dir, stem)?;
@@ -149,23 +140,7 @@ pub fn build(
     let kv_shape = g.const_i64(&[0, 0, kvh as i64, hd as i64]);
     let q_flat = g.const_i64(&[0, 0, (nh * hd) as i64]);
     let kv_flat = g.const_i64(&[0, 0, (kvh * hd) as i64]);
-    // Keys and values of a layer share one scale tensor (XQA wants the same for both): one
-    // for every layer, or one per layer when calibration measured them.
-    let layers_n = t.num_layers;
-    let scales: Vec<Option<Value>> = if layout.layer_scales.is_empty() {
-        let one = kv.scale();
-        let one = one.map(|s| g.weight("decoder_kv_cache_scale", DType::F32, &[1], &[s]));
-        vec![one.transpose()?; layers_n]
-    } else {
-        (0..layers_n)
-            .map(|i| {
-                let s = kv.layer_scale(layout.layer_scales, i, layers_n)?;
-                let name = format!("decoder_kv_cache_scale.{i}");
-                s.map(|s| g.weight(&name, DType::F32, &[1], &[s]))
-                    .transpose()
-            })
-            .collect::<Result<_, _>>()?
-    };
+    let scales = kv_scales(&mut g, &layout, t.num_layers)?;
     let eps = t.rms_norm_eps;
     let mut x = x0;
     // The MLP output not yet added to the residual stream: the next norm adds it
@@ -220,8 +195,103 @@ pub fn build(
     let ends = g.const_i64(&[i64::MAX]);
     let axis = g.const_i64(&[1]);
     let x = g.op("Slice", &[&x, &starts, &ends, &axis], &[]);
-    let logits = layers::linear(&mut g, e, w, &x, lm_head_name(cfg, w), t.vocab_size, d)?;
-    let logits = layers::cast(&mut g, &logits, e.act, DType::F32);
+    last_position_outputs(&mut g, e, w, cfg, &x, b)?;
+    // An 8-bit cache: the fusion other ONNX Runtime programs must leave out, as ocrctl does.
+    let hints: Vec<(String, String)> = match kv {
+        KvCache::Activation => Vec::new(),
+        _ => vec![(
+            hint::DISABLE_OPTIMIZERS.into(),
+            hint::KV8_DISABLED_OPTIMIZERS.into(),
+        )],
+    };
+    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &hints)
+}
+
+/// The query-head padding of an 8-bit cache's layout (see `kv_cache`): the padded model
+/// configuration and weights when the attention node takes more query heads per KV head than
+/// the model has, else nothing.
+pub(crate) struct Padding<'a> {
+    padded: Option<(ModelConfig, PaddedHeads<'a>)>,
+}
+
+impl<'a> Padding<'a> {
+    /// The padding `layout` asks of `cfg`'s heads. The padding lives in the weights: q_proj
+    /// gets zero rows (zero queries, which q_norm keeps zero) and o_proj zero columns (the
+    /// padding heads' outputs count for nothing), so the graph has no extra node. (A `Pad`
+    /// node on the queries instead cost 0.9 ms per layer per A4 prompt on the H200.)
+    pub(crate) fn of(
+        cfg: &ModelConfig,
+        w: &'a dyn Weights,
+        layout: &GqaLayout,
+    ) -> Result<Padding<'a>, ExportError> {
+        let group = cfg.text.num_heads / cfg.text.num_kv_heads;
+        let padded = layout.attention_group(group)?;
+        Ok(Padding {
+            padded: (padded > group).then(|| {
+                (
+                    cfg.with_query_heads(cfg.text.num_kv_heads * padded),
+                    PaddedHeads {
+                        inner: w,
+                        group,
+                        padded,
+                        head_dim: cfg.text.head_dim,
+                    },
+                )
+            }),
+        })
+    }
+
+    /// The configuration and weights to build from: the padded ones, or `cfg` and `w`.
+    pub(crate) fn model<'s>(
+        &'s self,
+        cfg: &'s ModelConfig,
+        w: &'s dyn Weights,
+    ) -> (&'s ModelConfig, &'s dyn Weights) {
+        match &self.padded {
+            Some((c, p)) => (c, p),
+            None => (cfg, w),
+        }
+    }
+}
+
+/// The cache's scale tensor of each layer (`None` for the activation type's cache). Keys and
+/// values of a layer share one tensor (XQA wants the same for both): one for every layer, or
+/// one per layer when calibration measured them.
+pub(crate) fn kv_scales(
+    g: &mut Graph,
+    layout: &GqaLayout,
+    layers_n: usize,
+) -> Result<Vec<Option<Value>>, ExportError> {
+    let kv = layout.kv;
+    if layout.layer_scales.is_empty() {
+        let one = kv.scale();
+        let one = one.map(|s| g.weight("decoder_kv_cache_scale", DType::F32, &[1], &[s]));
+        return Ok(vec![one.transpose()?; layers_n]);
+    }
+    (0..layers_n)
+        .map(|i| {
+            let s = kv.layer_scale(layout.layer_scales, i, layers_n)?;
+            let name = format!("decoder_kv_cache_scale.{i}");
+            s.map(|s| g.weight(&name, DType::F32, &[1], &[s]))
+                .transpose()
+        })
+        .collect()
+}
+
+/// The outputs of a decoder whose normed last positions are `x [B, 1, D]`: `logits`,
+/// `next_token`, the sampling candidates and `logsumexp` (see the module documentation).
+pub(crate) fn last_position_outputs(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    cfg: &ModelConfig,
+    x: &Value,
+    b: Dim,
+) -> Result<(), ExportError> {
+    let t = &cfg.text;
+    let d = t.hidden_size;
+    let logits = layers::linear(g, e, w, x, lm_head_name(cfg, w), t.vocab_size, d)?;
+    let logits = layers::cast(g, &logits, e.act, DType::F32);
     g.output(
         &logits,
         tensor::LOGITS,
@@ -275,15 +345,7 @@ pub fn build(
     let max = g.op("Squeeze", &[&max, &two], &[]);
     let lse = g.op("Add", &[&log, &max], &[]);
     g.output(&lse, tensor::LOGSUMEXP, DType::F32, &[b, Dim::Fixed(1)]);
-    // An 8-bit cache: the fusion other ONNX Runtime programs must leave out, as ocrctl does.
-    let hints: Vec<(String, String)> = match kv {
-        KvCache::Activation => Vec::new(),
-        _ => vec![(
-            hint::DISABLE_OPTIMIZERS.into(),
-            hint::KV8_DISABLED_OPTIMIZERS.into(),
-        )],
-    };
-    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &hints)
+    Ok(())
 }
 
 /// The checkpoint's weights with each KV head's group of query heads padded from `group` to

@@ -137,25 +137,40 @@ pub enum DecoderVariant {
     /// `decoder_model_gqa`: GroupQueryAttention over a fixed-size cache updated in place
     /// (ONNX Runtime only; see [`crate::decoder_gqa`]).
     Gqa,
+    /// `decoder_model_paged`: PagedAttention over a KV cache in blocks (ONNX Runtime's CUDA
+    /// provider only, float16; experimental: checked by `scripts/check_paged.py`, not run
+    /// by ocrctl yet; see [`crate::decoder_paged`]).
+    Paged,
 }
 
 impl DecoderVariant {
-    /// `merged` or `gqa`.
+    /// `merged`, `gqa` or `paged`.
     pub fn parse(s: &str) -> Result<DecoderVariant, ExportError> {
         match s.trim() {
             "merged" => Ok(DecoderVariant::Merged),
             "gqa" => Ok(DecoderVariant::Gqa),
+            "paged" => Ok(DecoderVariant::Paged),
             other => Err(ExportError::Invalid(format!(
-                "unknown decoder `{other}` (expected merged or gqa)"
+                "unknown decoder `{other}` (expected merged, gqa or paged)"
             ))),
         }
     }
 
-    /// The manifest part name (`decoder_model_merged`, `decoder_gqa`).
+    /// The manifest part name (`decoder_model_merged`, `decoder_gqa`, `decoder_paged`).
     pub fn part(self) -> &'static str {
         match self {
             DecoderVariant::Merged => graph::DECODER_MERGED,
             DecoderVariant::Gqa => "decoder_gqa",
+            DecoderVariant::Paged => "decoder_paged",
+        }
+    }
+
+    /// The name `--decoder` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecoderVariant::Merged => "merged",
+            DecoderVariant::Gqa => "gqa",
+            DecoderVariant::Paged => "paged",
         }
     }
 
@@ -164,6 +179,7 @@ impl DecoderVariant {
         match self {
             DecoderVariant::Merged => graph::DECODER_MERGED,
             DecoderVariant::Gqa => graph::DECODER_GQA,
+            DecoderVariant::Paged => graph::DECODER_PAGED,
         }
     }
 }
@@ -393,8 +409,16 @@ pub fn export(
     if opts.decoders.is_empty() {
         return Err(ExportError::Invalid("no decoder graph requested".into()));
     }
-    if opts.decoders.contains(&DecoderVariant::Gqa) {
-        crate::decoder_gqa::check(&cfg, opts.target)?;
+    if opts.decoders.contains(&DecoderVariant::Paged) {
+        for p in &opts.precisions {
+            crate::decoder_paged::check(&cfg, opts.target, p.dtype())?;
+        }
+    }
+    let cache_decoders = [DecoderVariant::Gqa, DecoderVariant::Paged];
+    if cache_decoders.iter().any(|d| opts.decoders.contains(d)) {
+        if opts.decoders.contains(&DecoderVariant::Gqa) {
+            crate::decoder_gqa::check(&cfg, opts.target)?;
+        }
         // Per-layer scales checked before any graph is written.
         let n = cfg.text.num_layers;
         for i in 0..n {
@@ -404,7 +428,7 @@ pub fn export(
         || !opts.kv_layer_scales.is_empty()
     {
         return Err(ExportError::Invalid(format!(
-            "--kv-cache {} applies to the gqa decoder: export with --decoder gqa",
+            "--kv-cache {} applies to the gqa and paged decoders: export with --decoder gqa",
             opts.kv_cache.name()
         )));
     }
@@ -481,21 +505,19 @@ pub fn export(
                 steps: cfg.text.num_layers as u64,
             });
             let mut step = || progress(Progress::Step);
+            let layout = crate::kv_cache::GqaLayout {
+                kv: opts.kv_cache,
+                layer_scales: &opts.kv_layer_scales,
+                pad_query_heads: opts.pad_query_heads,
+            };
             let info = match dv {
                 DecoderVariant::Merged => decoder::build(&onnx_dir, &stem, &cfg, w, e, &mut step),
-                DecoderVariant::Gqa => crate::decoder_gqa::build(
-                    &onnx_dir,
-                    &stem,
-                    &cfg,
-                    w,
-                    e,
-                    crate::kv_cache::GqaLayout {
-                        kv: opts.kv_cache,
-                        layer_scales: &opts.kv_layer_scales,
-                        pad_query_heads: opts.pad_query_heads,
-                    },
-                    &mut step,
-                ),
+                DecoderVariant::Gqa => {
+                    crate::decoder_gqa::build(&onnx_dir, &stem, &cfg, w, e, layout, &mut step)
+                }
+                DecoderVariant::Paged => {
+                    crate::decoder_paged::build(&onnx_dir, &stem, &cfg, w, e, layout, &mut step)
+                }
             }?;
             progress(Progress::End);
             parts.insert(dv.part().to_string(), info);

@@ -120,12 +120,7 @@ pub fn linears_packed(
             .map(|&(name, out)| linear(g, e, w, x, name, out, inp))
             .collect();
     }
-    let mut v = Vec::new();
-    for &(name, out) in parts {
-        v.extend(w.get(name, &[out, inp])?);
-    }
-    let total = parts.iter().map(|p| p.1).sum();
-    let y = matmul(g, e, x, packed, &v, total, inp)?;
+    let y = linear_stacked(g, e, w, x, packed, parts, inp)?;
     let sizes: Vec<i64> = parts.iter().map(|p| p.1 as i64).collect();
     let sizes = g.const_i64(&sizes);
     Ok(g.op_multi(
@@ -134,6 +129,26 @@ pub fn linears_packed(
         &[("axis", Attr::Int(-1))],
         parts.len(),
     ))
+}
+
+/// The Linears `parts` of the same input as one MatMul of their weights stacked into an
+/// `[in, Σout]` matrix stored as `packed`: the parts side by side along the last axis, unsplit
+/// (for an op that takes them packed, like PagedAttention's q|k|v).
+pub fn linear_stacked(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    x: &Value,
+    packed: &str,
+    parts: &[(&str, usize)],
+    inp: usize,
+) -> Result<Value, ExportError> {
+    let mut v = Vec::new();
+    for &(name, out) in parts {
+        v.extend(w.get(name, &[out, inp])?);
+    }
+    let total = parts.iter().map(|p| p.1).sum();
+    matmul(g, e, x, packed, &v, total, inp)
 }
 
 /// With [`Emit::calibrate`], exposes `x` (the input of Linear `name`, or another tensor

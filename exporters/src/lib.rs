@@ -25,6 +25,7 @@ pub mod config;
 pub mod contract;
 pub mod decoder;
 pub mod decoder_gqa;
+pub mod decoder_paged;
 pub mod dtype;
 pub mod dummy;
 pub mod embed;

@@ -59,10 +59,13 @@ pub struct ExportArgs {
     /// Decoder graphs to write, comma-separated: `merged` (KV cache concatenated each step;
     /// any runtime, TensorRT too) and/or `gqa` (GroupQueryAttention over a fixed cache
     /// updated in place; ONNX Runtime CPU/CUDA, the fast GPU path). The runner prefers gqa.
-    /// Default: both for `--target ort`, merged for `--target tensorrt`.
+    /// Default: both for `--target ort`, merged for `--target tensorrt`. `paged`
+    /// (experimental: PagedAttention over a cache in blocks, ONNX Runtime CUDA, fp16 or
+    /// int4-fp16) is written to be checked on a GPU by scripts/check_paged.py; ocrctl does
+    /// not run it yet.
     #[arg(long, value_delimiter = ',', value_parser = parse_decoder)]
     decoder: Vec<DecoderVariant>,
-    /// The gqa decoder's KV cache: `auto` (the graphs' activation type, exact), `fp8`
+    /// The gqa (and paged) decoder's KV cache: `auto` (the graphs' activation type, exact), `fp8`
     /// (float8 E4M3: half the memory and faster decode steps at large batches on GPUs of
     /// compute capability 8.9 and later, 8.5 against 6.9 A4 pages/s at batch 256 on an H200;
     /// not exact) or `int8` (needs --kv-scale or --calibrate; the CPU runs it too).

@@ -25,23 +25,34 @@ impl OrtModel {
                         .collect::<Vec<_>>()
                         .join(", "),
                 })?;
+        let paged_refused = || LoadError::Session {
+            path: dir.join(MANIFEST_NAME),
+            message: format!(
+                "the paged decoder ({}) is exported to be checked on a GPU \
+                 (scripts/check_paged.py); ocrctl does not run it yet: export and run \
+                 --decoder gqa (or merged)",
+                graph::DECODER_PAGED
+            ),
+        };
+        let has = |v: DecoderVariant| graphs.contains_key(v.part());
         let variant = match opts.decoder {
-            Some(v) if !graphs.contains_key(v.part()) => {
+            Some(DecoderVariant::Paged) => return Err(paged_refused()),
+            Some(v) if !has(v) => {
                 return Err(LoadError::Session {
                     path: dir.join(MANIFEST_NAME),
                     message: format!(
                         "the {} decoder was not exported for {} (export with --decoder {})",
                         v.part(),
                         opts.precision.name(),
-                        match v {
-                            DecoderVariant::Gqa => "gqa",
-                            DecoderVariant::Merged => "merged",
-                        }
+                        v.name()
                     ),
                 })
             }
             Some(v) => v,
-            None if graphs.contains_key(DecoderVariant::Gqa.part()) => DecoderVariant::Gqa,
+            None if has(DecoderVariant::Gqa) => DecoderVariant::Gqa,
+            None if !has(DecoderVariant::Merged) && has(DecoderVariant::Paged) => {
+                return Err(paged_refused())
+            }
             None => DecoderVariant::Merged,
         };
         if opts.verify {
@@ -114,7 +125,8 @@ impl OrtModel {
             }
         };
         let gqa = match variant {
-            DecoderVariant::Merged => None,
+            // (A paged decoder was refused above.)
+            DecoderVariant::Merged | DecoderVariant::Paged => None,
             DecoderVariant::Gqa => {
                 if decoder.provider.is_gpu() {
                     let kind = gqa::cache_element_type(&decoder.session, act);

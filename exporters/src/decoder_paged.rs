@@ -1,0 +1,193 @@
+//! `decoder_model_paged.onnx`: the Qwen3 decoder over a KV cache in fixed-size blocks, through
+//! ONNX Runtime's `com.microsoft.PagedAttention`. Experimental: built to be checked on a GPU
+//! (`scripts/check_paged.py`); ocrctl's runtime does not run it yet.
+//!
+//! Inputs:
+//! - `inputs_embeds [1, T, D]`: the new tokens of every sequence of the call, packed one
+//!   sequence after another (a prompt's many, a decode step's one), with no padding;
+//! - `cumulative_sequence_length [B + 1]` (int32): where each sequence's tokens start in `T`,
+//!   and `T` last;
+//! - `past_seqlens [B]` (int32): the positions each sequence already holds in the cache;
+//! - `block_table [B, max_blocks]` (int32): each sequence's cache blocks, in order;
+//! - `attention_metadata [2]` (int32, in host memory): upper bounds on any sequence's new
+//!   tokens and total positions in this call, which fix the kernel ONNX Runtime picks (a CUDA
+//!   graph captured with them stays right while sequences grow below the bounds);
+//! - `past_key_values.{i}.key|value [num_blocks, block_size, kv_heads, head_dim]`: the block
+//!   pool of layer `i`, written in place (bind `present.{i}.*` to the same memory).
+//!
+//! Outputs, one row per sequence at its last new token: `logits [B, 1, vocab]`, `next_token`,
+//! the sampling candidates and `logsumexp`, as [`crate::decoder_gqa`]'s; and `present.{i}.*`.
+//!
+//! Why PagedAttention (ONNX Runtime 1.31.1's schema and CUDA kernel, read in
+//! `contrib_ops/cuda/bert/paged_attention.cc`): one node takes the q|k|v projection packed
+//! (no `Split`), applies Qwen3's per-head query and key RMSNorms (`q_norm_weight`,
+//! `k_norm_weight`, `qk_norm_epsilon`) and the rotary embedding at each token's position
+//! (`past_seqlens` + its index), writes the keys and values into their blocks and attends with
+//! FlashAttention (paged, for block sizes that are a multiple of 128 at head size 128) or its
+//! flash-decoding kernel. Prompts and decode tokens of different sequences run in one call.
+//! Its kernel is CUDA-only and takes float16 or bfloat16, so this graph has no CPU check
+//! beyond ONNX Runtime accepting its nodes; an 8-bit cache pads the query heads as
+//! [`crate::decoder_gqa`] does (XQA's groups) and passes the per-tensor scale.
+
+use crate::checkpoint::Weights;
+use crate::config::ModelConfig;
+use crate::contract::{tensor, Kv};
+use crate::decoder::{mlp, PREFIX};
+use crate::decoder_gqa::{check_attention, kv_scales, last_position_outputs, rope_tables, Padding};
+use crate::graph::{Attr, DType, Dim, Graph, Value};
+use crate::kv_cache::GqaLayout;
+use crate::layers::{self, Emit, Target};
+use crate::ExportError;
+
+/// Checks that PagedAttention takes this model and precision: GQA's head constraints and
+/// float16 activations.
+pub fn check(cfg: &ModelConfig, target: Target, act: DType) -> Result<(), ExportError> {
+    check_attention(cfg, target, "paged", "PagedAttention")?;
+    if act != DType::F16 {
+        return Err(ExportError::Invalid(
+            "the paged decoder uses ONNX Runtime's PagedAttention, which takes float16 (or \
+             bfloat16) activations only: export it with --precision fp16 or int4-fp16"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Builds `<dir>/<stem>.onnx` with the cache type and query-head layout of `layout`. `step`
+/// is called once per decoder layer.
+pub fn build(
+    dir: &std::path::Path,
+    stem: &str,
+    cfg: &ModelConfig,
+    w: &dyn Weights,
+    e: Emit,
+    layout: GqaLayout,
+    step: &mut dyn FnMut(),
+) -> Result<crate::graph::GraphInfo, ExportError> {
+    check(cfg, e.target, e.act)?;
+    let cache = layout.kv.dtype(e.act);
+    let padding = Padding::of(cfg, w, &layout)?;
+    let (cfg, w) = padding.model(cfg, w);
+    let t = &cfg.text;
+    let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
+    let mut g = Graph::create(dir, stem)?;
+    let b = Dim::named("batch_size");
+    let x0 = g.input(
+        tensor::INPUTS_EMBEDS,
+        e.act,
+        &[
+            Dim::Fixed(1),
+            Dim::named("total_tokens"),
+            Dim::Fixed(d as i64),
+        ],
+    );
+    let b1 = Dim::named("batch_size_plus_1");
+    let cu = g.input(tensor::CUMULATIVE_SEQUENCE_LENGTH, DType::I32, &[b1]);
+    let past = g.input(tensor::PAST_SEQLENS, DType::I32, std::slice::from_ref(&b));
+    let table = g.input(
+        tensor::BLOCK_TABLE,
+        DType::I32,
+        &[b.clone(), Dim::named("max_blocks_per_sequence")],
+    );
+    let bounds = g.input(tensor::ATTENTION_METADATA, DType::I32, &[Dim::Fixed(2)]);
+    let kv_dims = vec![
+        Dim::named("num_blocks"),
+        Dim::named("block_size"),
+        Dim::Fixed(kvh as i64),
+        Dim::Fixed(hd as i64),
+    ];
+    let mut pools = Vec::new();
+    for i in 0..t.num_layers {
+        let k = g.input(&tensor::past(i, Kv::Key), cache, &kv_dims);
+        let v = g.input(&tensor::past(i, Kv::Value), cache, &kv_dims);
+        pools.push((k, v));
+    }
+    let positions = t.max_position_embeddings.max(1);
+    let (cos, sin) = rope_tables(t.rope_theta, hd, positions);
+    let rope = [positions as i64, (hd / 2) as i64];
+    let cos = g.weight("decoder_rope_cos_cache", e.act, &rope, &cos)?;
+    let sin = g.weight("decoder_rope_sin_cache", e.act, &rope, &sin)?;
+    let scales = kv_scales(&mut g, &layout, t.num_layers)?;
+    // [1, T, x] ⇄ [T, x]: PagedAttention takes tokens without a batch axis.
+    let tokens_2d = g.const_i64(&[-1, ((nh + 2 * kvh) * hd) as i64]);
+    let tokens_3d = g.const_i64(&[1, -1, (nh * hd) as i64]);
+    let eps = t.rms_norm_eps;
+    let mut x = x0;
+    let mut pending: Option<Value> = None;
+    for (i, (pk, pv)) in pools.iter().enumerate() {
+        let pre = format!("{PREFIX}.layers.{i}");
+        let (nx, m, pres) = g.scoped(&format!("decoder.layers.{i}"), |g| {
+            let name = format!("{pre}.input_layernorm.weight");
+            let (hn, x) = layers::add_rms_norm(g, e, w, &x, pending.as_ref(), &name, d, eps)?;
+            let names =
+                ["q_proj", "k_proj", "v_proj"].map(|n| format!("{pre}.self_attn.{n}.weight"));
+            let parts = [
+                (names[0].as_str(), nh * hd),
+                (names[1].as_str(), kvh * hd),
+                (names[2].as_str(), kvh * hd),
+            ];
+            let packed = format!("{pre}.self_attn.qkv_proj.weight");
+            let qkv = layers::linear_stacked(g, e, w, &hn, &packed, &parts, d)?;
+            let qkv = g.op("Reshape", &[&qkv, &tokens_2d], &[]);
+            let qn = layers::vector(g, e, w, &format!("{pre}.self_attn.q_norm.weight"), hd)?;
+            let kn = layers::vector(g, e, w, &format!("{pre}.self_attn.k_norm.weight"), hd)?;
+            let absent = Value::absent();
+            // query (packed q|k|v), key, value, key_cache, value_cache, cumulative lengths,
+            // past lengths, block table, cos, sin, slot_mapping, head_sink, q/k norms,
+            // k_scale, v_scale, attention_metadata.
+            let mut inputs = vec![
+                &qkv, &absent, &absent, pk, pv, &cu, &past, &table, &cos, &sin, &absent, &absent,
+                &qn, &kn,
+            ];
+            let mut attrs = vec![
+                ("num_heads", Attr::Int(nh as i64)),
+                ("kv_num_heads", Attr::Int(kvh as i64)),
+                ("do_rotary", Attr::Int(1)),
+                ("rotary_interleaved", Attr::Int(0)),
+                ("scale", Attr::Float((hd as f32).powf(-0.5))),
+                ("qk_norm_epsilon", Attr::Float(eps as f32)),
+            ];
+            match &scales[i] {
+                Some(s) => {
+                    inputs.extend([s, s]);
+                    attrs.extend([
+                        ("k_quant_type", Attr::Str("PER_TENSOR".into())),
+                        ("v_quant_type", Attr::Str("PER_TENSOR".into())),
+                    ]);
+                }
+                None => inputs.extend([&absent, &absent]),
+            }
+            inputs.push(&bounds);
+            let outs = g.op_multi_in("com.microsoft", "PagedAttention", &inputs, &attrs, 3);
+            let att = g.op("Reshape", &[&outs[0], &tokens_3d], &[]);
+            let name = format!("{pre}.self_attn.o_proj.weight");
+            let o = layers::linear(g, e, w, &att, &name, d, nh * hd)?;
+            let name = format!("{pre}.post_attention_layernorm.weight");
+            let (hn, x1) = layers::add_rms_norm(g, e, w, &x, Some(&o), &name, d, eps)?;
+            let m = mlp(g, e, w, cfg, &pre, &hn)?;
+            Ok::<_, ExportError>((x1, m, [outs[1].clone(), outs[2].clone()]))
+        })?;
+        x = nx;
+        pending = Some(m);
+        g.output(&pres[0], &tensor::present(i, Kv::Key), cache, &kv_dims);
+        g.output(&pres[1], &tensor::present(i, Kv::Value), cache, &kv_dims);
+        step();
+    }
+
+    let name = format!("{PREFIX}.norm.weight");
+    let (x, _) = layers::add_rms_norm(&mut g, e, w, &x, pending.as_ref(), &name, d, eps)?;
+    // Each sequence's last new token: cumulative_sequence_length[1..] − 1, along T; then
+    // [1, B, D] → [B, 1, D], the rows the shared outputs take.
+    let (one, big, zero) = (
+        g.const_i64(&[1]),
+        g.const_i64(&[i64::MAX]),
+        g.const_i64(&[0]),
+    );
+    let ends = g.op("Slice", &[&cu, &one, &big, &zero], &[]);
+    let ends = layers::cast(&mut g, &ends, DType::I32, DType::I64);
+    let last = g.op("Sub", &[&ends, &one], &[]);
+    let x = g.op("Gather", &[&x, &last], &[("axis", Attr::Int(1))]);
+    let x = g.op("Transpose", &[&x], &[("perm", Attr::Ints(vec![1, 0, 2]))]);
+    last_position_outputs(&mut g, e, w, cfg, &x, b)?;
+    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
+}

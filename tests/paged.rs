@@ -1,0 +1,90 @@
+//! The experimental paged decoder (`ocrctl export --decoder paged`, PagedAttention over a KV
+//! cache in blocks): its graphs give the GQA decoder's logits for sequences sharing calls
+//! (prompts, a chunked prompt and decode tokens together, blocks scattered), checked by
+//! `scripts/check_paged.py` with numpy's PagedAttention, since ONNX Runtime runs that op on
+//! CUDA only; and it is refused, naming why, where it cannot run.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+#[test]
+fn the_paged_decoder_gives_the_gqa_decoders_logits() {
+    let name = "the_paged_decoder_gives_the_gqa_decoders_logits";
+    let has_onnx = runs(venv_python(), &["-c", "import onnx.reference"]);
+    if !require_tool(
+        name,
+        "onnx in .venv",
+        has_onnx,
+        "scripts/setup.sh --trt-rtx",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("export");
+    export_fixture(
+        &out,
+        &["--precision", "fp16,int4-fp16", "--decoder", "gqa,paged"],
+    );
+    for precision in ["fp16", "int4-fp16"] {
+        let run = Command::new(venv_python())
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/check_paged.py"
+            ))
+            .arg(&out)
+            .args(["--precision", precision])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&run.stdout);
+        assert!(
+            run.status.success(),
+            "{precision}:\n{text}\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        // Five calls of three sequences, each compared.
+        assert_eq!(text.matches("token =").count(), 15, "{text}");
+        assert!(text.contains("all equal within tolerance"), "{text}");
+    }
+}
+
+#[test]
+fn the_paged_decoder_is_refused_where_it_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = export_fixture_err(
+        &dir.path().join("f32"),
+        &["--precision", "fp32", "--decoder", "paged"],
+    );
+    assert!(
+        err.contains("PagedAttention") && err.contains("--precision fp16 or int4-fp16"),
+        "{err}"
+    );
+    let err = export_fixture_err(
+        &dir.path().join("trt"),
+        &[
+            "--precision",
+            "fp16",
+            "--decoder",
+            "paged",
+            "--target",
+            "tensorrt",
+        ],
+    );
+    assert!(err.contains("--target ort"), "{err}");
+    // An export with only the paged decoder: ocr says ocrctl does not run it yet.
+    let out = dir.path().join("paged");
+    export_fixture(&out, &["--precision", "fp16", "--decoder", "paged"]);
+    let image = fixture().join("images").join("photo.jpg");
+    let err = ocrctl_err(&[
+        "ocr",
+        "--model",
+        out.to_str().unwrap(),
+        "--precision",
+        "fp16",
+        image.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("decoder_model_paged") && err.contains("--decoder gqa"),
+        "{err}"
+    );
+}
