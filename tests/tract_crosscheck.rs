@@ -44,7 +44,7 @@ fn tract_agrees_with_onnx_runtime_on_features_and_first_logits() {
         .unwrap()
         .into_runnable()
         .unwrap();
-    let pix: Tensor = p.pixel_values.clone().into_dyn().into();
+    let pix: Tensor = p.pixel_values.to_array().into_dyn().into();
     let out = vision.run(tvec!(pix.into())).unwrap();
     let tract_feats = out[0].to_plain_array_view::<f32>().unwrap().to_owned();
     let ort_feats = ort_model.encode_image(&p.pixel_values).unwrap();

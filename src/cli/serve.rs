@@ -100,7 +100,7 @@ pub struct ServeArgs {
 }
 
 /// One page of a warm-up size, preprocessed as requests are: pixels and prompt.
-type WarmPage = (ndarray::Array4<f32>, Vec<u32>);
+type WarmPage = (ocrctl::model::preprocess::Pixels, Vec<u32>);
 
 /// Runs each warm-up page through `engine` as a one-token request: the path requests take
 /// (the vision and prefill stages where the model has them), so every session a page of that

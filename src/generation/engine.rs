@@ -19,12 +19,12 @@
 //! ```
 //! use ocrctl::generation::engine::{Batch, Engine, Event, Flow};
 //! # use ocrctl::runtime::backend::{Backend, BackendError};
-//! # use ndarray::{Array2, Array4};
+//! # use ndarray::Array2;
 //! # struct Echo;
 //! # impl Backend for Echo {
 //! #     type Cache = ();
 //! #     fn hidden_size(&self) -> usize { 1 }
-//! #     fn encode_image(&mut self, _: &Array4<f32>) -> Result<Array2<f32>, BackendError> { unreachable!() }
+//! #     fn encode_image(&mut self, _: &ocrctl::model::preprocess::Pixels) -> Result<Array2<f32>, BackendError> { unreachable!() }
 //! #     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> { Ok(Array2::zeros((ids.len(), 1))) }
 //! #     fn forward(&mut self, _: Array2<f32>, _: Option<()>) -> Result<(Vec<f32>, ()), BackendError> { Ok((vec![0.0, 1.0], ())) }
 //! # }

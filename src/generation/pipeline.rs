@@ -22,10 +22,10 @@
 use crate::generation::engine::GenRequest;
 use crate::generation::generate::stop_ids;
 use crate::generation::sampling::SamplingParams;
-use crate::model::preprocess::{self, PreprocessConfig, PreprocessError};
+use crate::model::preprocess::{self, Pixels, PreprocessConfig, PreprocessError};
 use crate::model::prompt::{PromptError, Prompter};
 use image::RgbImage;
-use ndarray::Array4;
+
 use ocrctl_exporters::config::ModelConfig;
 use std::path::Path;
 
@@ -47,7 +47,7 @@ pub struct PreparedPage {
     /// The prompt: the chat template around one run of image tokens.
     pub prompt_ids: Vec<u32>,
     /// `[1, 3, height, width]`.
-    pub pixel_values: Array4<f32>,
+    pub pixel_values: Pixels,
     /// Size after preprocessing, px.
     pub height: u32,
     pub width: u32,

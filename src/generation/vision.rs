@@ -25,15 +25,16 @@
 //! ```
 //! use ndarray::{Array2, Array4};
 //! use ocrctl::generation::vision::{Staged, VisionStage};
+//! use ocrctl::model::preprocess::Pixels;
 //! use ocrctl::runtime::backend::{BackendError, ImageEncoder};
 //! struct Width;
 //! impl ImageEncoder for Width {
-//!     fn encode(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-//!         Ok(Array2::from_elem((1, 1), p.shape()[3] as f32))
+//!     fn encode(&mut self, p: &Pixels) -> Result<Array2<f32>, BackendError> {
+//!         Ok(Array2::from_elem((1, 1), p.width() as f32))
 //!     }
 //! }
 //! let mut stage = VisionStage::<()>::start(Box::new(Width), None);
-//! let ticket = stage.submit(vec![Array4::zeros((1, 3, 2, 5))], None);
+//! let ticket = stage.submit(vec![Pixels::dense(Array4::zeros((1, 3, 2, 5)))], None);
 //! let done = stage.next(true).expect("the stage is running");
 //! assert_eq!(done.ticket, ticket);
 //! let Ok(Staged::Features(f)) = done.result else { panic!("features") };
@@ -42,8 +43,9 @@
 
 use crate::generation::engine::panic_message;
 use crate::generation::generate::prompt_embeds;
+use crate::model::preprocess::Pixels;
 use crate::runtime::backend::{BackendError, ImageEncoder, PagePrefill};
-use ndarray::{Array2, Array4};
+use ndarray::Array2;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
@@ -73,7 +75,7 @@ pub struct PrefillJob<C> {
 
 struct Job<C> {
     ticket: u64,
-    images: Vec<Array4<f32>>,
+    images: Vec<Pixels>,
     prefill: Option<PrefillJob<C>>,
 }
 
@@ -202,7 +204,7 @@ impl<C: Send + 'static> VisionStage<C> {
 
     /// Queues `images` (and their request's prefill) for the stage; returns the ticket its
     /// [`Encoded`] will carry.
-    pub fn submit(&mut self, images: Vec<Array4<f32>>, prefill: Option<PrefillJob<C>>) -> u64 {
+    pub fn submit(&mut self, images: Vec<Pixels>, prefill: Option<PrefillJob<C>>) -> u64 {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let job = Job {
@@ -271,8 +273,8 @@ mod tests {
 
     struct Failing;
     impl ImageEncoder for Failing {
-        fn encode(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
-            match p.shape()[3] {
+        fn encode(&mut self, p: &Pixels) -> Result<Array2<f32>, BackendError> {
+            match p.width() {
                 0 => panic!("zero width"),
                 1 => Err(BackendError::Invalid("width 1".into())),
                 w => Ok(Array2::from_elem((1, 1), w as f32)),
@@ -283,7 +285,7 @@ mod tests {
     #[test]
     fn results_come_back_in_order_and_failures_stay_with_their_request() {
         let mut s = VisionStage::<()>::start(Box::new(Failing), None);
-        let px = |w| Array4::zeros((1, 3, 1, w));
+        let px = crate::runtime::fake::image;
         let t: Vec<u64> = [vec![px(3)], vec![px(0)], vec![px(4), px(1)], vec![px(7)]]
             .into_iter()
             .map(|imgs| s.submit(imgs, None))
@@ -310,8 +312,8 @@ mod tests {
 mod engine_tests {
     use crate::generation::engine::{Batch, Engine, EngineError, Event, Flow, GenRequest};
     use crate::generation::generate::Generation;
+    use crate::runtime::fake::image;
     use crate::runtime::fake::FakeBackend;
-    use ndarray::Array4;
     use std::time::Duration;
 
     /// Prompt `[1, 9, i]` with one image `w` wide (9 is the image token), or `[1, i]` with
@@ -320,7 +322,7 @@ mod engine_tests {
         assert!(i >= 10);
         let mut r = GenRequest::text(vec![1, 9, i], max);
         match w {
-            Some(w) => r.images = vec![Array4::zeros((1, 3, 1, w))],
+            Some(w) => r.images = vec![image(w)],
             None => r.prompt_ids = vec![1, i],
         }
         r

@@ -19,19 +19,19 @@
 //!    Verified byte for byte against Pillow 13.0 by the fixtures in `tests/fixtures/resize/`.
 //!    (transformers' default torchvision backend resizes with torch's uint8 antialiased bicubic
 //!    instead, which differs from Pillow by 1–2 levels on roughly 0.1–3 % of pixels.)
-//! 4. **Normalise** ([`preprocess`]): `((x · rescale_factor) as f32 − mean[c]) / std[c]`, where
-//!    the product is taken in `f64` and rounded to `f32` (transformers' `rescale` multiplies in
-//!    float64 and downcasts) and the subtraction and division run in `f32` (its `normalize`), then
-//!    laid out NCHW as `[1, 3, H, W]`.
+//! 4. **Normalise** ([`preprocess`], [`Pixels`]): `((x · rescale_factor) as f32 − mean[c]) /
+//!    std[c]`, where the product is taken in `f64` and rounded to `f32` (transformers' `rescale`
+//!    multiplies in float64 and downcasts) and the subtraction and division run in `f32` (its
+//!    `normalize`), laid out NCHW as `[1, 3, H, W]`. One table per channel holds the 256 values;
+//!    a page keeps its 8-bit pixels and the tables until the encoder runs, and the float32 values
+//!    are written where they are used (4× less memory while a request waits).
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Cursor, Seek};
 use std::path::{Path, PathBuf};
 
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
-use ndarray::Array4;
 use serde_json::Value;
 
 /// Default pixel budget for [`load_image`] and [`decode_image_bytes`]: 100 megapixels, e.g. a
@@ -367,8 +367,9 @@ pub fn target_size(height: u32, width: u32, cfg: &PreprocessConfig) -> (u32, u32
 /// The vision encoder's input for one image.
 #[derive(Debug, Clone)]
 pub struct Preprocessed {
-    /// Normalised pixels, `[1, 3, height, width]`, channel order RGB.
-    pub pixel_values: Array4<f32>,
+    /// Normalised pixels, `[1, 3, height, width]`, channel order RGB, held as the resized
+    /// 8-bit image and the normalisation tables ([`Pixels`]).
+    pub pixel_values: Pixels,
     /// Height after resizing and alignment (a multiple of 28).
     pub height: u32,
     /// Width after resizing and alignment (a multiple of 28).
@@ -377,31 +378,20 @@ pub struct Preprocessed {
     pub num_image_tokens: usize,
 }
 
-/// Resizes ([`target_size`], [`resize_bicubic`]; skipped when the size already fits), rescales,
-/// normalises and lays out an RGB image as the vision encoder's `pixel_values`.
+/// Resizes ([`target_size`], [`resize_bicubic`]; skipped when the size already fits), and
+/// keeps the 8-bit result with the rescale-and-normalise tables as the vision encoder's
+/// `pixel_values` ([`Pixels`] writes them as float32 where they are used).
 pub fn preprocess(img: &RgbImage, cfg: &PreprocessConfig) -> Preprocessed {
     let (height, width) = target_size(img.height(), img.width(), cfg);
-    let resized: Cow<'_, RgbImage> = if img.dimensions() == (width, height) {
-        Cow::Borrowed(img)
+    let resized = if img.dimensions() == (width, height) {
+        img.as_raw().clone()
     } else {
-        Cow::Owned(resize_bicubic(img, width, height))
+        resize_bicubic(img, width, height).into_raw()
     };
-    let lut = normalisation_table(cfg);
     let (h, w) = (height as usize, width as usize);
-    let plane = h * w;
-    let mut data = vec![0f32; 3 * plane];
-    let (r, rest) = data.split_at_mut(plane);
-    let (g, b) = rest.split_at_mut(plane);
-    for (i, px) in resized.as_raw().chunks_exact(3).enumerate() {
-        r[i] = lut[0][usize::from(px[0])];
-        g[i] = lut[1][usize::from(px[1])];
-        b[i] = lut[2][usize::from(px[2])];
-    }
-    let pixel_values =
-        Array4::from_shape_vec((1, 3, h, w), data).unwrap_or_else(|_| Array4::zeros((1, 3, h, w)));
     let align = cfg.alignment();
     Preprocessed {
-        pixel_values,
+        pixel_values: Pixels::from_rgb(resized, h, w, normalisation_table(cfg)),
         height,
         width,
         num_image_tokens: (height / align) as usize * (width / align) as usize,
@@ -421,8 +411,10 @@ pub(crate) fn normalisation_table(cfg: &PreprocessConfig) -> [[f32; 256]; 3] {
 }
 
 mod decode;
+mod pixels;
 mod resize;
 pub use decode::*;
+pub use pixels::Pixels;
 pub use resize::*;
 
 #[cfg(test)]

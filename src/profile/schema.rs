@@ -178,7 +178,7 @@ pub struct Profile {
     /// Requests waiting for a batch slot before new ones are refused (0: refuse when full).
     pub queue_size: u32,
     /// Memory the server may spend decoding request images and holding their preprocessed
-    /// pages until they are queued, MiB (up to 11 bytes a source pixel plus 12 a model pixel;
+    /// pages until they are queued, MiB (up to 11 bytes a source pixel plus 3 a model pixel;
     /// a request larger than this runs alone). Default 1024.
     #[serde(default = "default_decode_memory_mb")]
     pub decode_memory_mb: u32,

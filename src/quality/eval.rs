@@ -8,8 +8,8 @@
 //! greedy decodes), and the cosine similarity of the image features.
 
 use crate::generation::generate::prefill;
+use crate::model::preprocess::Pixels;
 use crate::runtime::backend::{Backend, BackendError};
-use ndarray::Array4;
 use serde::Serialize;
 
 /// Agreement figures for one image.
@@ -63,7 +63,7 @@ fn argmax(v: &[f32]) -> usize {
 pub fn compare<R: Backend, C: Backend>(
     reference: &mut R,
     candidate: &mut C,
-    pixel_values: &Array4<f32>,
+    pixel_values: &Pixels,
     prompt: &[u32],
     image_token_id: u32,
     steps: usize,

@@ -5,7 +5,8 @@
 //! Runtime; tests implement it with small fakes so prompts and decoding logic run without
 //! a model.
 
-use ndarray::{Array2, Array4};
+use crate::model::preprocess::Pixels;
+use ndarray::Array2;
 
 /// Errors from a backend, naming the model part or tensor at fault.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +67,7 @@ pub enum RowNeed {
 pub trait ImageEncoder: Send {
     /// `pixel_values [1, 3, H, W]` → image features `[N, hidden]`, as
     /// [`Backend::encode_image`].
-    fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError>;
+    fn encode(&mut self, pixel_values: &Pixels) -> Result<Array2<f32>, BackendError>;
 }
 
 /// Prefills pages away from the engine's thread, after their images are encoded there: a
@@ -97,7 +98,7 @@ pub trait Backend {
     fn hidden_size(&self) -> usize;
 
     /// `pixel_values [1, 3, H, W]` → image features `[N, hidden]`.
-    fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError>;
+    fn encode_image(&mut self, pixel_values: &Pixels) -> Result<Array2<f32>, BackendError>;
 
     /// Token ids → embeddings `[S, hidden]`.
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError>;

@@ -8,6 +8,7 @@
 //! slots, an image encoder and a page prefill for a vision stage, an image it refuses and
 //! device-side argmax and sampling candidates; the public counters say how it was called.
 
+use crate::model::preprocess::Pixels;
 use crate::runtime::backend::{
     Backend, BackendError, BatchLogits, ImageEncoder, PagePrefill, RowNeed, StepLogits,
 };
@@ -226,14 +227,19 @@ struct WidthEncoder {
 }
 
 impl ImageEncoder for WidthEncoder {
-    fn encode(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+    fn encode(&mut self, p: &Pixels) -> Result<Array2<f32>, BackendError> {
         std::thread::sleep(self.delay);
         encode_width(p, self.refused_width)
     }
 }
 
-fn encode_width(p: &Array4<f32>, refused: Option<usize>) -> Result<Array2<f32>, BackendError> {
-    let w = p.shape()[3];
+/// An image `width` pixels wide (one high) for the fake's encoder, whose feature is the width.
+pub fn image(width: usize) -> Pixels {
+    Pixels::dense(Array4::zeros((1, 3, 1, width)))
+}
+
+fn encode_width(p: &Pixels, refused: Option<usize>) -> Result<Array2<f32>, BackendError> {
+    let w = p.width();
     if refused == Some(w) {
         return Err(BackendError::Invalid(format!("an image {w} pixels wide")));
     }
@@ -247,7 +253,7 @@ impl Backend for FakeBackend {
         1
     }
 
-    fn encode_image(&mut self, p: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+    fn encode_image(&mut self, p: &Pixels) -> Result<Array2<f32>, BackendError> {
         encode_width(p, self.refused_width)
     }
 

@@ -125,8 +125,8 @@ pub struct Plan {
     /// format counts 0 and fails to decode).
     pub tokens: usize,
     /// What to take from the [`DecodeBudget`] for the whole request: the largest decode plus
-    /// every page's preprocessed pixels (float32, 12 bytes a pixel), which the request holds
-    /// until it is queued.
+    /// every page's preprocessed pixels (8-bit RGB, 3 bytes a pixel: [`preprocess::Pixels`]),
+    /// which the request holds until it is queued.
     pub bytes: u64,
 }
 
@@ -147,7 +147,7 @@ pub fn plan<'a>(
     let page = |w: u32, h: u32| {
         let (th, tw) = preprocess::target_size(h, w, pre);
         let (th, tw) = (u64::from(th), u64::from(tw));
-        ((th / align * (tw / align)) as usize, th * tw * 12)
+        ((th / align * (tw / align)) as usize, th * tw * 3)
     };
     let (mut plan, mut largest_decode) = (Plan::default(), 0);
     for bytes in uploads {
@@ -407,7 +407,7 @@ mod tests {
         for (w, h) in [(3000, 2000), (100, 40), (2000, 3000)] {
             let p = preprocess::preprocess(&RgbImage::new(w, h), &pre);
             tokens += p.num_image_tokens;
-            pixels += p.pixel_values.len() as u64 * 4;
+            pixels += p.pixel_values.held_bytes() as u64;
         }
         assert_eq!(plan.tokens, tokens);
         assert_eq!(plan.bytes, pixels + 3000 * 2000 * DECODE_BYTES_PER_PIXEL);
@@ -415,7 +415,7 @@ mod tests {
         let pdf = b"%PDF-1.7\n".as_slice();
         let p = super::plan([pdf], 3, &pre);
         assert_eq!(p.tokens, 0);
-        assert!(p.bytes >= 3 * (PDF_PAGE_BYTES + 1540 * 1540 * 12), "{p:?}");
+        assert!(p.bytes >= 3 * (PDF_PAGE_BYTES + 1540 * 1540 * 3), "{p:?}");
         assert_eq!(super::plan([b"junk".as_slice()], 3, &pre), Plan::default());
     }
 }

@@ -341,7 +341,7 @@ pub(crate) fn job(
 pub(crate) fn gen_request(
     st: &AppState,
     prompt_ids: Vec<u32>,
-    images: Vec<ndarray::Array4<f32>>,
+    images: Vec<crate::model::preprocess::Pixels>,
     params: SamplingParams,
     max_new_tokens: usize,
 ) -> GenRequest {

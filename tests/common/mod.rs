@@ -172,7 +172,7 @@ pub fn patch_bytes(path: &Path, from: &[u8], to: &[u8]) {
 pub fn engine_greedy<B: ocrctl::runtime::backend::Backend>(
     engine: &mut ocrctl::generation::engine::Engine<B>,
     prompt_ids: Vec<u32>,
-    pixel_values: ndarray::Array4<f32>,
+    pixel_values: ocrctl::model::preprocess::Pixels,
     steps: usize,
 ) -> ocrctl::generation::generate::Generation {
     let mut req = ocrctl::generation::engine::GenRequest::text(prompt_ids, steps);

@@ -96,14 +96,14 @@ fn images_too_long_for_the_sequence_are_refused_before_decoding() {
     assert_eq!(s.get("/health").unwrap().status, 200);
 }
 
-/// A request's preprocessed pages (float32, 12 bytes a pixel) stay in memory until it is
-/// queued, so they count against `decode_memory_mb` with its decode: one 1540² PNG takes
-/// 1540² × (11 + 12) bytes, and two of those do not fit in 64 MiB, so three concurrent requests
-/// are prepared one at a time. (Counting the decode alone, two ran at once: 52.2 MB.)
+/// A request's preprocessed pages (8-bit, 3 bytes a pixel) stay in memory until it is queued,
+/// so they count against `decode_memory_mb` with its decode: one 1540² PNG takes
+/// 1540² × (11 + 3) bytes, and two of those do not fit in 48 MiB, so three concurrent requests
+/// are prepared one at a time. (Counting the decode alone, the peak was one decode's 26.1 MB.)
 #[test]
 fn a_requests_pages_count_against_the_budget_until_queued() {
     let dir = tempfile::tempdir().unwrap();
-    let p = profile(dir.path(), "decode_memory_mb: 64\n");
+    let p = profile(dir.path(), "decode_memory_mb: 48\n");
     let s = Server::start(
         common::exported(),
         &["--profile", p.to_str().unwrap()],
@@ -124,5 +124,5 @@ fn a_requests_pages_count_against_the_budget_until_queued() {
         .expect("decode gauge")
         .parse()
         .unwrap();
-    assert_eq!(peak, 1540 * 1540 * (11 + 12));
+    assert_eq!(peak, 1540 * 1540 * (11 + 3));
 }

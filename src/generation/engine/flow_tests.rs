@@ -3,8 +3,7 @@
 //! log-probability reported outside the top list.
 
 use super::*;
-use crate::runtime::fake::FakeBackend;
-use ndarray::Array4;
+use crate::runtime::fake::{image, FakeBackend};
 
 /// Next token = (last input + 1) mod 50; an image contributes its width as a feature, so
 /// merged image rows are visible in the output.
@@ -15,12 +14,12 @@ fn engine() -> Engine<FakeBackend> {
 #[test]
 fn images_are_merged_in_prompt_order() {
     let mut r = GenRequest::text(vec![1, 9, 9], 2);
-    r.images = vec![Array4::zeros((1, 3, 1, 20)), Array4::zeros((1, 3, 1, 30))];
+    r.images = vec![image(20), image(30)];
     let out = engine().run(vec![r], &mut |_| {});
     // The last prompt row is the second image's feature (30) → 31, 32.
     assert_eq!(out[0].as_ref().unwrap().token_ids, vec![31, 32]);
     let mut bad = GenRequest::text(vec![1, 9, 9], 2);
-    bad.images = vec![Array4::zeros((1, 3, 1, 20))];
+    bad.images = vec![image(20)];
     let out = engine().run(vec![bad], &mut |_| {});
     assert!(
         out[0]

@@ -3,15 +3,15 @@
 
 use crate::generation::generate::{Generation, TokenLogprob};
 use crate::generation::sampling::SamplingParams;
-use ndarray::Array4;
+use crate::model::preprocess::Pixels;
 
 /// One generation request.
 #[derive(Debug, Clone)]
 pub struct GenRequest {
     pub prompt_ids: Vec<u32>,
     /// `[1, 3, H, W]` pixel values of the request's images, in prompt order (one run of
-    /// image tokens in `prompt_ids` per image).
-    pub images: Vec<Array4<f32>>,
+    /// image tokens in `prompt_ids` per image), held compactly until encoded.
+    pub images: Vec<Pixels>,
     pub params: SamplingParams,
     pub max_new_tokens: usize,
     pub stop_ids: Vec<u32>,

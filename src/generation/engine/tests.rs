@@ -3,12 +3,11 @@
 use super::*;
 use crate::generation::sampling::SamplingParams;
 use crate::runtime::fake::FakeBackend;
-use ndarray::Array4;
 
 fn req(prompt: Vec<u32>, max: usize, w: usize) -> GenRequest {
     GenRequest {
         prompt_ids: prompt,
-        images: vec![Array4::zeros((1, 3, 1, w))],
+        images: vec![crate::runtime::fake::image(w)],
         params: SamplingParams::greedy(),
         max_new_tokens: max,
         stop_ids: vec![0],

@@ -368,7 +368,13 @@ fn preprocess_layout_and_tokens() {
     let src = synth(1, 71, 250); // w = 71, h = 250 -> 252 x 84
     let out = preprocess(&src, &PreprocessConfig::default());
     assert_eq!((out.height, out.width), (252, 84));
-    assert_eq!(out.pixel_values.shape(), &[1, 3, 252, 84]);
+    assert_eq!(out.pixel_values.shape(), [1, 3, 252, 84]);
+    assert_eq!(
+        out.pixel_values.held_bytes(),
+        252 * 84 * 3,
+        "8-bit pixels are held"
+    );
+    let values = out.pixel_values.to_array();
     assert_eq!(out.num_image_tokens, 9 * 3);
     let resized = resize_bicubic(&src, 84, 252);
     let lut = normalisation_table(&PreprocessConfig::default());
@@ -376,7 +382,7 @@ fn preprocess_layout_and_tokens() {
         let px = resized.get_pixel(x, y).0;
         for c in 0..3 {
             assert_eq!(
-                out.pixel_values[[0, c, y as usize, x as usize]],
+                values[[0, c, y as usize, x as usize]],
                 lut[c][usize::from(px[c])]
             );
         }
@@ -386,7 +392,10 @@ fn preprocess_layout_and_tokens() {
     let out = preprocess(&src, &PreprocessConfig::default());
     assert_eq!(out.num_image_tokens, 2);
     let v = src.get_pixel(55, 27).0[2];
-    assert_eq!(out.pixel_values[[0, 2, 27, 55]], lut[2][usize::from(v)]);
+    assert_eq!(
+        out.pixel_values.to_array()[[0, 2, 27, 55]],
+        lut[2][usize::from(v)]
+    );
 }
 
 #[test]

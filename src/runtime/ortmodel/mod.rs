@@ -37,7 +37,7 @@ use crate::runtime::backend::{
 use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
 use kv::{BatchKv, KvDims};
-use ndarray::{Array2, Array4};
+use ndarray::Array2;
 use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use ocrctl_exporters::graph::DType;
@@ -253,7 +253,10 @@ impl Backend for OrtModel {
         self.hidden
     }
 
-    fn encode_image(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+    fn encode_image(
+        &mut self,
+        pixel_values: &crate::model::preprocess::Pixels,
+    ) -> Result<Array2<f32>, BackendError> {
         vision::run(&self.vision, pixel_values, &mut self.tap)
     }
 

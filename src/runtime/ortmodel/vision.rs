@@ -4,9 +4,10 @@
 
 use super::tensors::{float_tensor, float_tensor_from, read_f};
 use super::{graph, tap_outputs, tensor, DType, Tap};
+use crate::model::preprocess::Pixels;
 use crate::runtime::backend::{BackendError, ImageEncoder};
 use crate::runtime::providers::Provider;
-use ndarray::{Array2, Array4};
+use ndarray::Array2;
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Tensor, TensorRef, TensorRefMut};
@@ -43,12 +44,13 @@ impl Vision {
 /// Why: CUDA copies pageable memory to the device through its own bounce buffers, ~3 ms for
 /// an A4 page's 19 MiB on the H200 against 0.4 ms from pinned memory, and the vision run
 /// waits for it (`scripts/gpu_vision_io.py`: 42.6 ms with pageable pixels, 39.5 pinned). The
-/// pixels are copied in by [`copy_parallel`], which costs less than what it saves. Growing
+/// float32 values are written straight into it from the page's 8-bit pixels
+/// ([`Pixels::write_nchw`], on a few threads), which costs less than what it saves. Growing
 /// only, pages of changing sizes do not allocate (and zero) pinned memory each time.
 struct Staging {
     allocator: Allocator,
     buffer: Option<Tensor<f32>>,
-    /// Threads [`copy_parallel`] copies on: up to 4 (read once, not per page).
+    /// Threads the values are written on: up to 4 (read once, not per page).
     threads: usize,
     /// Tests: every fill fails, as a refused allocation or run would.
     #[cfg(test)]
@@ -69,7 +71,7 @@ impl Staging {
             Ok(allocator) => Some(Self {
                 allocator,
                 buffer: None,
-                threads: copy_threads(),
+                threads: write_threads(),
                 #[cfg(test)]
                 refuse: false,
             }),
@@ -80,8 +82,8 @@ impl Staging {
         }
     }
 
-    /// A tensor of `shape` over the pinned buffer, holding `pixels` (`shape`'s elements).
-    fn fill(&mut self, shape: &[i64], pixels: &[f32]) -> ort::Result<TensorRefMut<'_, f32>> {
+    /// A tensor of `shape` over the pinned buffer, holding `pixels` (of that shape).
+    fn fill(&mut self, shape: &[i64], pixels: &Pixels) -> ort::Result<TensorRefMut<'_, f32>> {
         #[cfg(test)]
         if self.refuse {
             return Err(ort::Error::new("refused (test)"));
@@ -96,11 +98,7 @@ impl Staging {
             self.buffer = Some(Tensor::new(&self.allocator, [n])?);
         }
         let buffer = self.buffer.as_mut().expect("set above");
-        copy_parallel(
-            &mut buffer.extract_tensor_mut().1[..n],
-            pixels,
-            self.threads,
-        );
+        pixels.write_nchw(&mut buffer.extract_tensor_mut().1[..n], self.threads);
         let data = buffer.data_ptr_mut();
         let info = self.allocator.memory_info().to_owned();
         // SAFETY: the buffer holds at least `n` float32s, `n` being `shape`'s element count
@@ -111,28 +109,9 @@ impl Staging {
     }
 }
 
-/// Elements per thread below which [`copy_parallel`] copies on fewer threads.
-const COPY_CHUNK: usize = 1 << 20;
-
-/// The host's cores, at most 4: what [`copy_parallel`] spreads a page over.
-fn copy_threads() -> usize {
+/// The host's cores, at most 4: what a page's values are written on.
+fn write_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
-}
-
-/// `dst.copy_from_slice(src)` on up to `threads` threads. A single core copies an A4 page's
-/// 19 MiB in ~2 ms, most of what pinned memory saves; a few cores share the memory's bandwidth.
-fn copy_parallel(dst: &mut [f32], src: &[f32], threads: usize) {
-    let threads = threads.max(1);
-    let chunk = src.len().div_ceil(threads).max(COPY_CHUNK);
-    if chunk >= src.len() {
-        dst.copy_from_slice(src);
-        return;
-    }
-    std::thread::scope(|scope| {
-        for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-            scope.spawn(move || d.copy_from_slice(s));
-        }
-    });
 }
 
 /// The vision encoder of an [`super::OrtModel`], for a vision stage's thread (the model keeps using
@@ -142,7 +121,7 @@ pub(super) struct VisionHandle {
 }
 
 impl ImageEncoder for VisionHandle {
-    fn encode(&mut self, pixel_values: &Array4<f32>) -> Result<Array2<f32>, BackendError> {
+    fn encode(&mut self, pixel_values: &Pixels) -> Result<Array2<f32>, BackendError> {
         run(&self.vision, pixel_values, &mut None)
     }
 }
@@ -166,10 +145,10 @@ fn lock(vision: &Mutex<Vision>) -> MutexGuard<'_, Vision> {
 /// encoder run, once per size.
 pub(super) fn run(
     vision: &Mutex<Vision>,
-    pixel_values: &Array4<f32>,
+    pixel_values: &Pixels,
     tap: &mut Option<Tap>,
 ) -> Result<Array2<f32>, BackendError> {
-    let size = (pixel_values.shape()[2], pixel_values.shape()[3]);
+    let size = (pixel_values.height(), pixel_values.width());
     let new = !lock(vision).sizes.contains(&size);
     let _gpu = super::capture::hold(new);
     let mut v = lock(vision);
@@ -195,7 +174,7 @@ pub(super) fn run(
 fn encode(
     vision: &mut Session,
     staging: Option<&mut Staging>,
-    pixel_values: &Array4<f32>,
+    pixel_values: &Pixels,
     tap: &mut Option<Tap>,
 ) -> Result<Array2<f32>, BackendError> {
     const PART: &str = graph::VISION;
@@ -205,26 +184,26 @@ fn encode(
         Some(Some(ort::value::TensorElementType::Float16)) => DType::F16,
         _ => DType::F32,
     };
-    // float32 pixels go through the page-locked staging buffer on CUDA ([`Staging`]), and are
-    // otherwise lent to ONNX Runtime as they lie, not copied: an A4 page's are 19 MiB, and
-    // copying them into ordinary memory cost ~3 ms of each page's vision time on the H200's
-    // host (docs/benchmarks/2026-12-04-h200/).
+    // float32 pixels are written into the page-locked staging buffer on CUDA ([`Staging`]).
+    // Otherwise float32 values already held are lent to ONNX Runtime as they lie, not copied
+    // (an A4 page's are 19 MiB, and copying them cost ~3 ms of each page's vision time on the
+    // H200's host: docs/benchmarks/2026-12-04-h200/), and a page's 8-bit pixels are written
+    // once into the array the run takes.
     let input = match (pixel_dtype, pixel_values.as_slice(), staging) {
-        (DType::F32, Some(s), Some(staging)) => SessionInputValue::from(
+        (DType::F32, _, Some(staging)) => SessionInputValue::from(
             staging
-                .fill(&shape, s)
+                .fill(&shape, pixel_values)
                 .map_err(|e| BackendError::runtime(PART, e))?,
         ),
         (DType::F32, Some(s), None) => SessionInputValue::from(
             TensorRef::from_array_view((shape, s)).map_err(|e| BackendError::runtime(PART, e))?,
         ),
         (_, Some(s), _) => SessionInputValue::from(float_tensor_from(pixel_dtype, shape, s, PART)?),
-        (_, None, _) => SessionInputValue::from(float_tensor(
-            pixel_dtype,
-            shape,
-            pixel_values.iter().copied().collect(),
-            PART,
-        )?),
+        (_, None, _) => {
+            let mut values = vec![0f32; pixel_values.len()];
+            pixel_values.write_nchw(&mut values, 1);
+            SessionInputValue::from(float_tensor(pixel_dtype, shape, values, PART)?)
+        }
     };
     let mut out = vision
         .run(vec![(Cow::from(tensor::PIXEL_VALUES), input)])
@@ -251,11 +230,12 @@ fn encode(
 mod tests {
     use super::*;
 
-    /// Pixels `[1, 3, h, w]` with values that differ per element.
-    fn pixels(h: usize, w: usize) -> Array4<f32> {
-        Array4::from_shape_fn((1, 3, h, w), |(_, c, y, x)| {
-            ((c * 31 + y * 7 + x * 3) % 17) as f32 / 8.0 - 1.0
-        })
+    /// Pixels `[1, 3, h, w]` with values that differ per element, held as float32.
+    fn pixels(h: usize, w: usize) -> Pixels {
+        Pixels::dense(ndarray::Array4::from_shape_fn(
+            (1, 3, h, w),
+            |(_, c, y, x)| ((c * 31 + y * 7 + x * 3) % 17) as f32 / 8.0 - 1.0,
+        ))
     }
 
     #[test]
@@ -301,15 +281,27 @@ mod tests {
         assert_eq!(model.vision_pixels(), "lent", "the staging is dropped");
     }
 
+    /// A page's 8-bit pixels give the features of the same values held as float32, written
+    /// into the staging buffer or into the array a lent run takes.
     #[test]
-    fn copy_parallel_copies_every_element_in_order() {
-        for len in [0, 5, COPY_CHUNK, 3 * COPY_CHUNK + 7] {
-            let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
-            for threads in [0, 1, 4] {
-                let mut dst = vec![-1.0; len];
-                copy_parallel(&mut dst, &src, threads);
-                assert_eq!(dst, src, "length {len}, {threads} threads");
-            }
-        }
+    fn eight_bit_pixels_give_the_features_of_their_float_values() {
+        let model = super::super::tests::model();
+        let mut v = lock(&model.vision);
+        let (h, w) = (56, 84);
+        let rgb: Vec<u8> = (0..3 * h * w).map(|i| (i * 37 % 256) as u8).collect();
+        let lut = crate::model::preprocess::normalisation_table(&Default::default());
+        let compact = Pixels::from_rgb(rgb, h, w, lut);
+        let dense = Pixels::dense(compact.to_array());
+        let want = encode(&mut v.session, None, &dense, &mut None).unwrap();
+        let lent = encode(&mut v.session, None, &compact, &mut None).unwrap();
+        let mut staging = Staging {
+            allocator: Allocator::default(),
+            buffer: None,
+            threads: 3,
+            refuse: false,
+        };
+        let staged = encode(&mut v.session, Some(&mut staging), &compact, &mut None).unwrap();
+        assert_eq!(lent, want);
+        assert_eq!(staged, want);
     }
 }
