@@ -141,55 +141,43 @@ pub fn build(
     let q_flat = g.const_i64(&[0, 0, (nh * hd) as i64]);
     let kv_flat = g.const_i64(&[0, 0, (kvh * hd) as i64]);
     let scales = kv_scales(&mut g, &layout, t.num_layers)?;
-    let eps = t.rms_norm_eps;
-    let mut x = x0;
-    // The MLP output not yet added to the residual stream: the next norm adds it
-    // (`add_rms_norm`, one SkipSimplifiedLayerNormalization node for sum and norm).
-    let mut pending: Option<Value> = None;
-    for (i, (pk, pv)) in pasts.iter().enumerate() {
-        let pre = format!("{PREFIX}.layers.{i}");
-        let (nx, m, pres) = g.scoped(&format!("decoder.layers.{i}"), |g| {
-            let name = format!("{pre}.input_layernorm.weight");
-            let (hn, x) = layers::add_rms_norm(g, e, w, &x, pending.as_ref(), &name, d, eps)?;
-            let (q, k, v) = qkv_normed(g, e, w, cfg, &pre, &hn, &q_shape, &kv_shape)?;
-            let q = g.op("Reshape", &[&q, &q_flat], &[]);
-            let k = g.op("Reshape", &[&k, &kv_flat], &[]);
-            let v = g.op("Reshape", &[&v, &kv_flat], &[]);
-            let mut inputs = vec![&q, &k, &v, pk, pv, &seqlens, &total, &cos, &sin];
-            let mut attrs = vec![
-                ("num_heads", Attr::Int(nh as i64)),
-                ("kv_num_heads", Attr::Int(kvh as i64)),
-                ("do_rotary", Attr::Int(1)),
-                ("rotary_interleaved", Attr::Int(0)),
-                ("scale", Attr::Float((hd as f32).powf(-0.5))),
-            ];
-            let absent = Value::absent();
-            if let Some(s) = &scales[i] {
-                // position_ids, attention_bias, head_sink absent; k_scale, v_scale.
-                inputs.extend([&absent, &absent, &absent, s, s]);
-                attrs.extend([
-                    ("k_quant_type", Attr::Str("PER_TENSOR".into())),
-                    ("v_quant_type", Attr::Str("PER_TENSOR".into())),
-                    ("kv_cache_bit_width", Attr::Int(8)),
-                ]);
-            }
-            let outs = g.op_multi_in("com.microsoft", "GroupQueryAttention", &inputs, &attrs, 3);
-            let name = format!("{pre}.self_attn.o_proj.weight");
-            let o = layers::linear(g, e, w, &outs[0], &name, d, nh * hd)?;
-            let name = format!("{pre}.post_attention_layernorm.weight");
-            let (hn, x1) = layers::add_rms_norm(g, e, w, &x, Some(&o), &name, d, eps)?;
-            let m = mlp(g, e, w, cfg, &pre, &hn)?;
-            Ok::<_, ExportError>((x1, m, [outs[1].clone(), outs[2].clone()]))
-        })?;
-        x = nx;
-        pending = Some(m);
-        g.output(&pres[0], &tensor::present(i, Kv::Key), cache, &kv_dims);
-        g.output(&pres[1], &tensor::present(i, Kv::Value), cache, &kv_dims);
-        step();
-    }
-
-    let name = format!("{PREFIX}.norm.weight");
-    let (x, _) = layers::add_rms_norm(&mut g, e, w, &x, pending.as_ref(), &name, d, eps)?;
+    let mut attention = |g: &mut Graph, i: usize, pre: &str, hn: &Value| {
+        let (pk, pv) = &pasts[i];
+        let (q, k, v) = qkv_normed(g, e, w, cfg, pre, hn, &q_shape, &kv_shape)?;
+        let q = g.op("Reshape", &[&q, &q_flat], &[]);
+        let k = g.op("Reshape", &[&k, &kv_flat], &[]);
+        let v = g.op("Reshape", &[&v, &kv_flat], &[]);
+        let mut inputs = vec![&q, &k, &v, pk, pv, &seqlens, &total, &cos, &sin];
+        let mut attrs = vec![
+            ("num_heads", Attr::Int(nh as i64)),
+            ("kv_num_heads", Attr::Int(kvh as i64)),
+            ("do_rotary", Attr::Int(1)),
+            ("rotary_interleaved", Attr::Int(0)),
+            ("scale", Attr::Float((hd as f32).powf(-0.5))),
+        ];
+        let absent = Value::absent();
+        if let Some(s) = &scales[i] {
+            // position_ids, attention_bias, head_sink absent; k_scale, v_scale.
+            inputs.extend([&absent, &absent, &absent, s, s]);
+            attrs.extend([
+                ("k_quant_type", Attr::Str("PER_TENSOR".into())),
+                ("v_quant_type", Attr::Str("PER_TENSOR".into())),
+                ("kv_cache_bit_width", Attr::Int(8)),
+            ]);
+        }
+        let outs = g.op_multi_in("com.microsoft", "GroupQueryAttention", &inputs, &attrs, 3);
+        Ok(outs.try_into().expect("three outputs"))
+    };
+    let x = cache_layers(
+        &mut g,
+        e,
+        w,
+        cfg,
+        x0,
+        (cache, &kv_dims),
+        &mut attention,
+        step,
+    )?;
     // Only the last position's logits: a decode step has one, a prompt needs only its last.
     let starts = g.const_i64(&[-1]);
     let ends = g.const_i64(&[i64::MAX]);
@@ -276,6 +264,60 @@ pub(crate) fn kv_scales(
                 .transpose()
         })
         .collect()
+}
+
+/// Layer `i`'s attention in a cache decoder: on the normed input `hn` of the layer whose
+/// checkpoint prefix is `pre`, its output `[.., heads · head_dim]` and present key and value.
+pub(crate) type Attention<'a> =
+    dyn FnMut(&mut Graph, usize, &str, &Value) -> Result<[Value; 3], ExportError> + 'a;
+
+/// The layers of a cache decoder around its `attention`: per layer the input norm, the
+/// attention, o_proj, the residual sum and norm and the MLP, and the layer's present key and
+/// value declared as outputs (`present`: the cache's type and dims). Returns the hidden states
+/// after the final norm. `step` is called once per layer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cache_layers(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    cfg: &ModelConfig,
+    x0: Value,
+    present: (DType, &[Dim]),
+    attention: &mut Attention,
+    step: &mut dyn FnMut(),
+) -> Result<Value, ExportError> {
+    let t = &cfg.text;
+    let (d, nh, hd, eps) = (t.hidden_size, t.num_heads, t.head_dim, t.rms_norm_eps);
+    let mut x = x0;
+    // The MLP output not yet added to the residual stream: the next norm adds it
+    // (`add_rms_norm`, one SkipSimplifiedLayerNormalization node for sum and norm).
+    let mut pending: Option<Value> = None;
+    for i in 0..t.num_layers {
+        let pre = format!("{PREFIX}.layers.{i}");
+        let (nx, m, pres) = g.scoped(&format!("decoder.layers.{i}"), |g| {
+            let name = format!("{pre}.input_layernorm.weight");
+            let (hn, x) = layers::add_rms_norm(g, e, w, &x, pending.as_ref(), &name, d, eps)?;
+            let [att, k, v] = attention(g, i, &pre, &hn)?;
+            let name = format!("{pre}.self_attn.o_proj.weight");
+            let o = layers::linear(g, e, w, &att, &name, d, nh * hd)?;
+            let name = format!("{pre}.post_attention_layernorm.weight");
+            let (hn, x1) = layers::add_rms_norm(g, e, w, &x, Some(&o), &name, d, eps)?;
+            let m = mlp(g, e, w, cfg, &pre, &hn)?;
+            Ok::<_, ExportError>((x1, m, [k, v]))
+        })?;
+        x = nx;
+        pending = Some(m);
+        g.output(&pres[0], &tensor::present(i, Kv::Key), present.0, present.1);
+        g.output(
+            &pres[1],
+            &tensor::present(i, Kv::Value),
+            present.0,
+            present.1,
+        );
+        step();
+    }
+    let name = format!("{PREFIX}.norm.weight");
+    Ok(layers::add_rms_norm(g, e, w, &x, pending.as_ref(), &name, d, eps)?.0)
 }
 
 /// The outputs of a decoder whose normed last positions are `x [B, 1, D]`: `logits`,

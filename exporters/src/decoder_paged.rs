@@ -32,8 +32,9 @@
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
 use crate::contract::{tensor, Kv};
-use crate::decoder::{mlp, PREFIX};
-use crate::decoder_gqa::{check_attention, kv_scales, last_position_outputs, rope_tables, Padding};
+use crate::decoder_gqa::{
+    cache_layers, check_attention, kv_scales, last_position_outputs, rope_tables, Padding,
+};
 use crate::graph::{Attr, DType, Dim, Graph, Value};
 use crate::kv_cache::GqaLayout;
 use crate::layers::{self, Emit, Target};
@@ -112,70 +113,60 @@ pub fn build(
     let tokens_2d = g.const_i64(&[-1, ((nh + 2 * kvh) * hd) as i64]);
     let tokens_3d = g.const_i64(&[1, -1, (nh * hd) as i64]);
     let eps = t.rms_norm_eps;
-    let mut x = x0;
-    let mut pending: Option<Value> = None;
-    for (i, (pk, pv)) in pools.iter().enumerate() {
-        let pre = format!("{PREFIX}.layers.{i}");
-        let (nx, m, pres) = g.scoped(&format!("decoder.layers.{i}"), |g| {
-            let name = format!("{pre}.input_layernorm.weight");
-            let (hn, x) = layers::add_rms_norm(g, e, w, &x, pending.as_ref(), &name, d, eps)?;
-            let names =
-                ["q_proj", "k_proj", "v_proj"].map(|n| format!("{pre}.self_attn.{n}.weight"));
-            let parts = [
-                (names[0].as_str(), nh * hd),
-                (names[1].as_str(), kvh * hd),
-                (names[2].as_str(), kvh * hd),
-            ];
-            let packed = format!("{pre}.self_attn.qkv_proj.weight");
-            let qkv = layers::linear_stacked(g, e, w, &hn, &packed, &parts, d)?;
-            let qkv = g.op("Reshape", &[&qkv, &tokens_2d], &[]);
-            let qn = layers::vector(g, e, w, &format!("{pre}.self_attn.q_norm.weight"), hd)?;
-            let kn = layers::vector(g, e, w, &format!("{pre}.self_attn.k_norm.weight"), hd)?;
-            let absent = Value::absent();
-            // query (packed q|k|v), key, value, key_cache, value_cache, cumulative lengths,
-            // past lengths, block table, cos, sin, slot_mapping, head_sink, q/k norms,
-            // k_scale, v_scale, attention_metadata.
-            let mut inputs = vec![
-                &qkv, &absent, &absent, pk, pv, &cu, &past, &table, &cos, &sin, &absent, &absent,
-                &qn, &kn,
-            ];
-            let mut attrs = vec![
-                ("num_heads", Attr::Int(nh as i64)),
-                ("kv_num_heads", Attr::Int(kvh as i64)),
-                ("do_rotary", Attr::Int(1)),
-                ("rotary_interleaved", Attr::Int(0)),
-                ("scale", Attr::Float((hd as f32).powf(-0.5))),
-                ("qk_norm_epsilon", Attr::Float(eps as f32)),
-            ];
-            match &scales[i] {
-                Some(s) => {
-                    inputs.extend([s, s]);
-                    attrs.extend([
-                        ("k_quant_type", Attr::Str("PER_TENSOR".into())),
-                        ("v_quant_type", Attr::Str("PER_TENSOR".into())),
-                    ]);
-                }
-                None => inputs.extend([&absent, &absent]),
+    let mut attention = |g: &mut Graph, i: usize, pre: &str, hn: &Value| {
+        let (pk, pv) = &pools[i];
+        let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{pre}.self_attn.{n}.weight"));
+        let parts = [
+            (names[0].as_str(), nh * hd),
+            (names[1].as_str(), kvh * hd),
+            (names[2].as_str(), kvh * hd),
+        ];
+        let packed = format!("{pre}.self_attn.qkv_proj.weight");
+        let qkv = layers::linear_stacked(g, e, w, hn, &packed, &parts, d)?;
+        let qkv = g.op("Reshape", &[&qkv, &tokens_2d], &[]);
+        let qn = layers::vector(g, e, w, &format!("{pre}.self_attn.q_norm.weight"), hd)?;
+        let kn = layers::vector(g, e, w, &format!("{pre}.self_attn.k_norm.weight"), hd)?;
+        let absent = Value::absent();
+        // query (packed q|k|v), key, value, key_cache, value_cache, cumulative lengths,
+        // past lengths, block table, cos, sin, slot_mapping, head_sink, q/k norms,
+        // k_scale, v_scale, attention_metadata.
+        let mut inputs = vec![
+            &qkv, &absent, &absent, pk, pv, &cu, &past, &table, &cos, &sin, &absent, &absent, &qn,
+            &kn,
+        ];
+        let mut attrs = vec![
+            ("num_heads", Attr::Int(nh as i64)),
+            ("kv_num_heads", Attr::Int(kvh as i64)),
+            ("do_rotary", Attr::Int(1)),
+            ("rotary_interleaved", Attr::Int(0)),
+            ("scale", Attr::Float((hd as f32).powf(-0.5))),
+            ("qk_norm_epsilon", Attr::Float(eps as f32)),
+        ];
+        match &scales[i] {
+            Some(s) => {
+                inputs.extend([s, s]);
+                attrs.extend([
+                    ("k_quant_type", Attr::Str("PER_TENSOR".into())),
+                    ("v_quant_type", Attr::Str("PER_TENSOR".into())),
+                ]);
             }
-            inputs.push(&bounds);
-            let outs = g.op_multi_in("com.microsoft", "PagedAttention", &inputs, &attrs, 3);
-            let att = g.op("Reshape", &[&outs[0], &tokens_3d], &[]);
-            let name = format!("{pre}.self_attn.o_proj.weight");
-            let o = layers::linear(g, e, w, &att, &name, d, nh * hd)?;
-            let name = format!("{pre}.post_attention_layernorm.weight");
-            let (hn, x1) = layers::add_rms_norm(g, e, w, &x, Some(&o), &name, d, eps)?;
-            let m = mlp(g, e, w, cfg, &pre, &hn)?;
-            Ok::<_, ExportError>((x1, m, [outs[1].clone(), outs[2].clone()]))
-        })?;
-        x = nx;
-        pending = Some(m);
-        g.output(&pres[0], &tensor::present(i, Kv::Key), cache, &kv_dims);
-        g.output(&pres[1], &tensor::present(i, Kv::Value), cache, &kv_dims);
-        step();
-    }
-
-    let name = format!("{PREFIX}.norm.weight");
-    let (x, _) = layers::add_rms_norm(&mut g, e, w, &x, pending.as_ref(), &name, d, eps)?;
+            None => inputs.extend([&absent, &absent]),
+        }
+        inputs.push(&bounds);
+        let outs = g.op_multi_in("com.microsoft", "PagedAttention", &inputs, &attrs, 3);
+        let att = g.op("Reshape", &[&outs[0], &tokens_3d], &[]);
+        Ok([att, outs[1].clone(), outs[2].clone()])
+    };
+    let x = cache_layers(
+        &mut g,
+        e,
+        w,
+        cfg,
+        x0,
+        (cache, &kv_dims),
+        &mut attention,
+        step,
+    )?;
     // Each sequence's last new token: cumulative_sequence_length[1..] − 1, along T; then
     // [1, B, D] → [B, 1, D], the rows the shared outputs take.
     let (one, big, zero) = (
