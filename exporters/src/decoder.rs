@@ -242,14 +242,9 @@ pub(crate) fn qkv_normed(
     kv_shape: &Value,
 ) -> Result<(Value, Value, Value), ExportError> {
     let t = &cfg.text;
-    let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
-    let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{pre}.self_attn.{n}.weight"));
-    let parts = [
-        (names[0].as_str(), nh * hd),
-        (names[1].as_str(), kvh * hd),
-        (names[2].as_str(), kvh * hd),
-    ];
-    let packed = format!("{pre}.self_attn.qkv_proj.weight");
+    let (d, hd) = (t.hidden_size, t.head_dim);
+    let (names, packed) = qkv_names(cfg, pre);
+    let parts = names.each_ref().map(|(n, out)| (n.as_str(), *out));
     let [q, k, v]: [Value; 3] = layers::linears_packed(g, e, w, hn, &packed, &parts, d)?
         .try_into()
         .expect("three parts");
@@ -276,6 +271,20 @@ pub(crate) fn qkv_normed(
         eps,
     )?;
     Ok((q, k, v))
+}
+
+/// The Q, K and V projections of layer `pre` (`(weight name, output width)` each) and the
+/// name of their packed matrix.
+pub(crate) fn qkv_names(cfg: &ModelConfig, pre: &str) -> ([(String, usize); 3], String) {
+    let t = &cfg.text;
+    let (q, kv) = (t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim);
+    let name = |n: &str| format!("{pre}.self_attn.{n}.weight");
+    let names = [
+        (name("q_proj"), q),
+        (name("k_proj"), kv),
+        (name("v_proj"), kv),
+    ];
+    (names, format!("{pre}.self_attn.qkv_proj.weight"))
 }
 
 /// `x1 + mlp(post_attention_layernorm(x1))`: the second half of decoder layer `pre`.

@@ -124,17 +124,8 @@ pub fn build(
         cap,
         Dim::Fixed(hd as i64),
     ];
-    let mut pasts = Vec::new();
-    for i in 0..t.num_layers {
-        let k = g.input(&tensor::past(i, Kv::Key), cache, &kv_dims);
-        let v = g.input(&tensor::past(i, Kv::Value), cache, &kv_dims);
-        pasts.push((k, v));
-    }
-    let positions = t.max_position_embeddings.max(1);
-    let (cos, sin) = rope_tables(t.rope_theta, hd, positions);
-    let table = [positions as i64, (hd / 2) as i64];
-    let cos = g.weight("decoder_rope_cos_cache", e.act, &table, &cos)?;
-    let sin = g.weight("decoder_rope_sin_cache", e.act, &table, &sin)?;
+    let pasts = cache_inputs(&mut g, t.num_layers, cache, &kv_dims);
+    let (cos, sin) = rope_weights(&mut g, e, cfg)?;
 
     let q_shape = g.const_i64(&[0, 0, nh as i64, hd as i64]);
     let kv_shape = g.const_i64(&[0, 0, kvh as i64, hd as i64]);
@@ -148,13 +139,7 @@ pub fn build(
         let k = g.op("Reshape", &[&k, &kv_flat], &[]);
         let v = g.op("Reshape", &[&v, &kv_flat], &[]);
         let mut inputs = vec![&q, &k, &v, pk, pv, &seqlens, &total, &cos, &sin];
-        let mut attrs = vec![
-            ("num_heads", Attr::Int(nh as i64)),
-            ("kv_num_heads", Attr::Int(kvh as i64)),
-            ("do_rotary", Attr::Int(1)),
-            ("rotary_interleaved", Attr::Int(0)),
-            ("scale", Attr::Float((hd as f32).powf(-0.5))),
-        ];
+        let mut attrs = rotary_attention_attrs(cfg);
         let absent = Value::absent();
         if let Some(s) = &scales[i] {
             // position_ids, attention_bias, head_sink absent; k_scale, v_scale.
@@ -264,6 +249,50 @@ pub(crate) fn kv_scales(
                 .transpose()
         })
         .collect()
+}
+
+/// Layer `i`'s cache inputs `past_key_values.{i}.key|value` of type `cache` over `dims`.
+pub(crate) fn cache_inputs(
+    g: &mut Graph,
+    layers: usize,
+    cache: DType,
+    dims: &[Dim],
+) -> Vec<(Value, Value)> {
+    (0..layers)
+        .map(|i| {
+            let k = g.input(&tensor::past(i, Kv::Key), cache, dims);
+            let v = g.input(&tensor::past(i, Kv::Value), cache, dims);
+            (k, v)
+        })
+        .collect()
+}
+
+/// The rotary tables as graph weights `[max_position_embeddings, head_dim / 2]` (cos, sin).
+pub(crate) fn rope_weights(
+    g: &mut Graph,
+    e: Emit,
+    cfg: &ModelConfig,
+) -> Result<(Value, Value), ExportError> {
+    let t = &cfg.text;
+    let positions = t.max_position_embeddings.max(1);
+    let (cos, sin) = rope_tables(t.rope_theta, t.head_dim, positions);
+    let table = [positions as i64, (t.head_dim / 2) as i64];
+    let cos = g.weight("decoder_rope_cos_cache", e.act, &table, &cos)?;
+    let sin = g.weight("decoder_rope_sin_cache", e.act, &table, &sin)?;
+    Ok((cos, sin))
+}
+
+/// The attributes GroupQueryAttention and PagedAttention share: heads, rotate-half rotary
+/// inside the node, the 1/√head_dim scale.
+pub(crate) fn rotary_attention_attrs(cfg: &ModelConfig) -> Vec<(&'static str, Attr)> {
+    let t = &cfg.text;
+    vec![
+        ("num_heads", Attr::Int(t.num_heads as i64)),
+        ("kv_num_heads", Attr::Int(t.num_kv_heads as i64)),
+        ("do_rotary", Attr::Int(1)),
+        ("rotary_interleaved", Attr::Int(0)),
+        ("scale", Attr::Float((t.head_dim as f32).powf(-0.5))),
+    ]
 }
 
 /// Layer `i`'s attention in a cache decoder: on the normed input `hn` of the layer whose

@@ -31,9 +31,11 @@
 
 use crate::checkpoint::Weights;
 use crate::config::ModelConfig;
-use crate::contract::{tensor, Kv};
+use crate::contract::tensor;
+use crate::decoder::qkv_names;
 use crate::decoder_gqa::{
-    cache_layers, check_attention, kv_scales, last_position_outputs, rope_tables, Padding,
+    cache_inputs, cache_layers, check_attention, kv_scales, last_position_outputs, rope_weights,
+    rotary_attention_attrs, Padding,
 };
 use crate::graph::{Attr, DType, Dim, Graph, Value};
 use crate::kv_cache::GqaLayout;
@@ -97,17 +99,8 @@ pub fn build(
         Dim::Fixed(kvh as i64),
         Dim::Fixed(hd as i64),
     ];
-    let mut pools = Vec::new();
-    for i in 0..t.num_layers {
-        let k = g.input(&tensor::past(i, Kv::Key), cache, &kv_dims);
-        let v = g.input(&tensor::past(i, Kv::Value), cache, &kv_dims);
-        pools.push((k, v));
-    }
-    let positions = t.max_position_embeddings.max(1);
-    let (cos, sin) = rope_tables(t.rope_theta, hd, positions);
-    let rope = [positions as i64, (hd / 2) as i64];
-    let cos = g.weight("decoder_rope_cos_cache", e.act, &rope, &cos)?;
-    let sin = g.weight("decoder_rope_sin_cache", e.act, &rope, &sin)?;
+    let pools = cache_inputs(&mut g, t.num_layers, cache, &kv_dims);
+    let (cos, sin) = rope_weights(&mut g, e, cfg)?;
     let scales = kv_scales(&mut g, &layout, t.num_layers)?;
     // [1, T, x] ⇄ [T, x]: PagedAttention takes tokens without a batch axis.
     let tokens_2d = g.const_i64(&[-1, ((nh + 2 * kvh) * hd) as i64]);
@@ -115,13 +108,8 @@ pub fn build(
     let eps = t.rms_norm_eps;
     let mut attention = |g: &mut Graph, i: usize, pre: &str, hn: &Value| {
         let (pk, pv) = &pools[i];
-        let names = ["q_proj", "k_proj", "v_proj"].map(|n| format!("{pre}.self_attn.{n}.weight"));
-        let parts = [
-            (names[0].as_str(), nh * hd),
-            (names[1].as_str(), kvh * hd),
-            (names[2].as_str(), kvh * hd),
-        ];
-        let packed = format!("{pre}.self_attn.qkv_proj.weight");
+        let (names, packed) = qkv_names(cfg, pre);
+        let parts = names.each_ref().map(|(n, out)| (n.as_str(), *out));
         let qkv = layers::linear_stacked(g, e, w, hn, &packed, &parts, d)?;
         let qkv = g.op("Reshape", &[&qkv, &tokens_2d], &[]);
         let qn = layers::vector(g, e, w, &format!("{pre}.self_attn.q_norm.weight"), hd)?;
@@ -134,14 +122,8 @@ pub fn build(
             &qkv, &absent, &absent, pk, pv, &cu, &past, &table, &cos, &sin, &absent, &absent, &qn,
             &kn,
         ];
-        let mut attrs = vec![
-            ("num_heads", Attr::Int(nh as i64)),
-            ("kv_num_heads", Attr::Int(kvh as i64)),
-            ("do_rotary", Attr::Int(1)),
-            ("rotary_interleaved", Attr::Int(0)),
-            ("scale", Attr::Float((hd as f32).powf(-0.5))),
-            ("qk_norm_epsilon", Attr::Float(eps as f32)),
-        ];
+        let mut attrs = rotary_attention_attrs(cfg);
+        attrs.push(("qk_norm_epsilon", Attr::Float(eps as f32)));
         match &scales[i] {
             Some(s) => {
                 inputs.extend([s, s]);
