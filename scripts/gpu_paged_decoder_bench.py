@@ -13,20 +13,20 @@ continuous batch would run when a page joins). Caches are left uninitialised (ti
 `scripts/check_paged.py --device cuda` checks values). The two caches are not held at once.
 
 Usage: PYTHONPATH=/opt/ortgpu python3 scripts/gpu_paged_decoder_bench.py EXPORT [B,...]
-Knobs: CTX (2700), RUNS (20), BLOCK (256), PROMPT (2173).
+Knobs: CTX (2700), RUNS (30), BLOCK (256), PROMPT (2173).
 """
 
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 import onnxruntime as ort
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_paged_probe import RUNS, timed  # noqa: E402  (median of RUNS runs after 3, ms)
+
 CTX = int(os.environ.get("CTX", "2700"))
-RUNS = int(os.environ.get("RUNS", "20"))
 BLOCK = int(os.environ.get("BLOCK", "256"))
 PROMPT = int(os.environ.get("PROMPT", "2173"))
 OUTPUTS = ["logits", "next_token", "top_logits", "top_ids", "logsumexp"]
@@ -59,19 +59,6 @@ def kv_inputs(sess):
         if i.name == "inputs_embeds":
             width = i.shape[-1]
     return kv, heads, width
-
-
-def timed(sess, io, graph_id):
-    ro = ort.RunOptions()
-    if graph_id > 0:
-        ro.add_run_config_entry("gpu_graph_id", str(graph_id))
-    times = []
-    for _ in range(RUNS + 3):
-        t = time.perf_counter()
-        sess.run_with_iobinding(io, ro)
-        io.synchronize_outputs()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[3:]) * 1e3
 
 
 def bind_common(io, caches, names):
