@@ -43,6 +43,12 @@ CAP = 64  # GQA cache positions per sequence
 TOLERANCE = 0.05  # float16 logits through two graphs
 
 
+def query_heads(model):
+    """The PagedAttention nodes' `num_heads` (padded for an 8-bit cache's layout)."""
+    return next(a.i for n in model.graph.node if n.op_type == "PagedAttention"
+                for a in n.attribute if a.name == "num_heads")
+
+
 def dims(model):
     """(hidden, kv_heads, head_dim, layers, vocab) from the paged graph's inputs and outputs."""
     shape = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
@@ -120,7 +126,9 @@ def main():
     sfx = SUFFIX[a.precision]
     onnx_dir = os.path.join(a.export, "onnx")
     paged_path = os.path.join(onnx_dir, f"decoder_model_paged{sfx}.onnx")
-    hidden, kv_heads, head_dim, layers, vocab = dims(onnx.load(paged_path, load_external_data=False))
+    graph = onnx.load(paged_path, load_external_data=False)
+    hidden, kv_heads, head_dim, layers, vocab = dims(graph)
+    heads = query_heads(graph)
     ep = ["CUDAExecutionProvider"] if a.device == "cuda" else ["CPUExecutionProvider"]
     so = ort.SessionOptions()
     # int4 on the CPU: dequantized weights times float activations, as numpy's reference
@@ -180,8 +188,9 @@ def main():
             if d > TOLERANCE or lse > TOLERANCE or not same_token:
                 failures.append(line)
         pasts = [p + n for p, n in zip(pasts, news)]
-    print(f"paged {a.precision} on {a.device}, block {a.block}: {calls} calls x {len(plan)} "
-          f"sequences, largest logit difference {worst:.4f}"
+    print(f"paged {a.precision} on {a.device}, block {a.block}, {heads} query heads over "
+          f"{kv_heads} KV heads: {calls} calls x {len(plan)} sequences, largest logit difference "
+          f"{worst:.4f}"
           + (f"; {len(failures)} FAILED" if failures else "; all equal within tolerance"))
     sys.exit(1 if failures else 0)
 

@@ -8,16 +8,45 @@ mod common;
 use common::*;
 use std::process::Command;
 
-#[test]
-fn the_paged_decoder_gives_the_gqa_decoders_logits() {
-    let name = "the_paged_decoder_gives_the_gqa_decoders_logits";
+/// Whether `scripts/check_paged.py` can run (it needs `onnx.reference`); a skipped test says so.
+fn can_check(test: &str) -> bool {
     let has_onnx = runs(venv_python(), &["-c", "import onnx.reference"]);
-    if !require_tool(
-        name,
+    require_tool(
+        test,
         "onnx in .venv",
         has_onnx,
         "scripts/setup.sh --trt-rtx",
-    ) {
+    )
+}
+
+/// `scripts/check_paged.py` on `export` at `precision`: it passes, having compared every
+/// sequence of every call, on the graph whose attention is `heads` ("4 query heads over 2 KV
+/// heads").
+fn check_paged(export: &std::path::Path, precision: &str, heads: &str) {
+    let run = Command::new(venv_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/check_paged.py"
+        ))
+        .arg(export)
+        .args(["--precision", precision])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{precision}:\n{text}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // Five calls of three sequences, each compared.
+    assert_eq!(text.matches("token =").count(), 15, "{text}");
+    assert!(text.contains("all equal within tolerance"), "{text}");
+    assert!(text.contains(heads), "{text}");
+}
+
+#[test]
+fn the_paged_decoder_gives_the_gqa_decoders_logits() {
+    if !can_check("the_paged_decoder_gives_the_gqa_decoders_logits") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -27,25 +56,30 @@ fn the_paged_decoder_gives_the_gqa_decoders_logits() {
         &["--precision", "fp16,int4-fp16", "--decoder", "gqa,paged"],
     );
     for precision in ["fp16", "int4-fp16"] {
-        let run = Command::new(venv_python())
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/scripts/check_paged.py"
-            ))
-            .arg(&out)
-            .args(["--precision", precision])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&run.stdout);
-        assert!(
-            run.status.success(),
-            "{precision}:\n{text}\n{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-        // Five calls of three sequences, each compared.
-        assert_eq!(text.matches("token =").count(), 15, "{text}");
-        assert!(text.contains("all equal within tolerance"), "{text}");
+        check_paged(&out, precision, "4 query heads over 2 KV heads");
     }
+}
+
+/// The query heads padded as for an 8-bit cache (4 per KV head instead of the fixture's 2;
+/// zero rows in q_proj, zero columns in o_proj) in both graphs, over the exact float16 cache:
+/// the padded paged graph gives the padded GQA graph's logits, which `tests/gqa.rs` checks
+/// against the reference.
+#[test]
+fn the_paged_decoder_with_padded_query_heads_gives_the_gqa_decoders_logits() {
+    use ocrctl_exporters::export::{DecoderVariant, ExportOptions, Precision};
+    if !can_check("the_paged_decoder_with_padded_query_heads_gives_the_gqa_decoders_logits") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("padded");
+    let opts = ExportOptions {
+        precisions: vec![Precision::Fp16],
+        decoders: vec![DecoderVariant::Gqa, DecoderVariant::Paged],
+        pad_query_heads: true,
+        ..ExportOptions::new(checkpoint().to_string_lossy().into(), out.clone())
+    };
+    ocrctl_exporters::export::export(&opts, &mut |_| {}).expect("export");
+    check_paged(&out, "fp16", "8 query heads over 2 KV heads");
 }
 
 #[test]
