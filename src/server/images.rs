@@ -396,7 +396,7 @@ mod tests {
     }
 
     /// The plan's tokens are what preprocessing gives, in either orientation; its bytes are
-    /// the largest decode plus every page's float32 pixels.
+    /// the largest decode plus every page's 8-bit pixels.
     #[test]
     fn a_plan_counts_tokens_and_bytes_from_headers() {
         let pre = PreprocessConfig::default();

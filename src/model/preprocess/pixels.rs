@@ -122,30 +122,34 @@ impl Pixels {
                 width,
                 lut,
             } => {
+                // One pass over the pixels writes the three planes; each thread takes a run of
+                // pixels (the same run of every plane).
                 let plane = height * width;
-                // Rows per piece: pieces of about CHUNK values, at most `threads` per plane.
-                let per_plane = threads.max(1).min(plane.div_ceil(CHUNK)).max(1);
-                let rows = height.div_ceil(per_plane).max(1);
-                let piece = rows * width;
-                let fill = |c: usize, first_row: usize, dst: &mut [f32]| {
-                    let table = &lut[c];
-                    let src = &rgb[first_row * width * 3..];
-                    for (o, px) in dst.iter_mut().zip(src.chunks_exact(3)) {
-                        *o = table[usize::from(px[c])];
+                let (r, rest) = out.split_at_mut(plane);
+                let (g, b) = rest.split_at_mut(plane);
+                let fill = |first: usize, r: &mut [f32], g: &mut [f32], b: &mut [f32]| {
+                    let src = rgb[first * 3..].chunks_exact(3);
+                    let planes = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+                    for (((r, g), b), px) in planes.zip(src) {
+                        *r = lut[0][usize::from(px[0])];
+                        *g = lut[1][usize::from(px[1])];
+                        *b = lut[2][usize::from(px[2])];
                     }
                 };
-                if per_plane == 1 && threads <= 1 {
-                    for (c, dst) in out.chunks_mut(plane.max(1)).enumerate() {
-                        fill(c, 0, dst);
-                    }
+                let threads = threads.max(1).min((3 * plane).div_ceil(CHUNK)).max(1);
+                if threads == 1 {
+                    fill(0, r, g, b);
                     return;
                 }
+                let chunk = plane.div_ceil(threads).max(1);
                 std::thread::scope(|scope| {
-                    for (c, dst) in out.chunks_mut(plane.max(1)).enumerate() {
-                        for (i, part) in dst.chunks_mut(piece.max(1)).enumerate() {
-                            let fill = &fill;
-                            scope.spawn(move || fill(c, i * rows, part));
-                        }
+                    let parts = r
+                        .chunks_mut(chunk)
+                        .zip(g.chunks_mut(chunk))
+                        .zip(b.chunks_mut(chunk));
+                    for (k, ((r, g), b)) in parts.enumerate() {
+                        let fill = &fill;
+                        scope.spawn(move || fill(k * chunk, r, g, b));
                     }
                 });
             }
