@@ -4,9 +4,12 @@ clients each send one chat request of IMAGES blank 1540x1540 PNGs (a few KB each
 
 With 8 images a request's image tokens (8 x 3025) overflow max_sequence_length (6144), so every
 request must be refused; the figure is what the server held while finding that out. With 1 image
-the requests are served and the figure is the queue's and the batch's memory.
+the requests are served and the figure is the queue's and the batch's memory. With IMAGES given
+as `60MB` (any size), each request is instead one data URL of that many bytes of zeros (no image:
+refused once read), which measures what request bodies hold (`--body-memory-mb`; the server
+reads OCRCTL_BODY_MEMORY_MB from the environment).
 
-Usage: python3 scripts/serve_image_memory.py [BINARY] [CLIENTS=16] [IMAGES=8]
+Usage: python3 scripts/serve_image_memory.py [BINARY] [CLIENTS=16] [IMAGES=8 | SIZEMB]
 (from the repository root, after `cargo build --release`; exports the fixture to a temporary
 folder). Prints one JSON line.
 """
@@ -45,7 +48,7 @@ def rss_kib(pid):
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/release/ocrctl"
     clients = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-    images = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+    images = sys.argv[3] if len(sys.argv) > 3 else "8"
     work = tempfile.mkdtemp()
     subprocess.run([binary, "export", "--checkpoint", "tests/fixtures/tiny-lightonocr/checkpoint",
                     "--out", f"{work}/tiny", "--precision", "fp32"], check=True,
@@ -65,9 +68,13 @@ def main():
             if server.poll() is not None:
                 sys.exit("the server did not start")
             time.sleep(0.2)
-        url = "data:image/png;base64," + base64.b64encode(png(1540, 1540)).decode()
+        if images.upper().endswith("MB"):
+            url, n = "data:image/png;base64," + "A" * (int(images[:-2]) << 20), 1
+        else:
+            url = "data:image/png;base64," + base64.b64encode(png(1540, 1540)).decode()
+            n = int(images)
         body = json.dumps({"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}] * images}], "max_tokens": 8}).encode()
+            {"type": "image_url", "image_url": {"url": url}}] * n}], "max_tokens": 8}).encode()
         before = rss_kib(server.pid)
         peak, done, statuses = [before], threading.Event(), []
 

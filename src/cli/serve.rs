@@ -82,6 +82,12 @@ pub struct ServeArgs {
     /// Seconds a request's body has to arrive.
     #[arg(long, env = "OCRCTL_BODY_TIMEOUT", default_value_t = 60)]
     body_timeout: u64,
+    /// Memory for request bodies held at once, MiB: a body takes five times its
+    /// Content-Length (what reading and parsing it hold at their peak) before it is read, and
+    /// gives it back once its images are preprocessed; when that does not free up within
+    /// --body-timeout the request gets 503.
+    #[arg(long, env = "OCRCTL_BODY_MEMORY_MB", default_value_t = 1024)]
+    body_memory_mb: u64,
     /// Host names a server without --api-key answers to, besides IP addresses and
     /// localhost (comma-separated). Other Host headers get 403 (DNS-rebinding guard).
     #[arg(long, env = "OCRCTL_ALLOWED_HOSTS", value_delimiter = ',')]
@@ -245,6 +251,9 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
         anyhow::bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
     }
+    if a.body_memory_mb == 0 {
+        anyhow::bail!("--body-memory-mb must be at least 1");
+    }
     let model_name = a.served_model_name.clone().unwrap_or_else(|| {
         a.model
             .canonicalize()
@@ -314,6 +323,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
         decode_budget: ocrctl::server::images::DecodeBudget::new(
             profile.decode_memory_mb as u64 * 1024 * 1024,
         ),
+        body_budget: ocrctl::server::front::BodyBudget::new(a.body_memory_mb * 1024 * 1024),
     });
     // Each engine thread owns its copy of the model.
     for (me, (opts, label)) in engine_opts.into_iter().zip(labels).enumerate() {

@@ -12,8 +12,9 @@
 //!   on another name must not reach a key-less local server); a declared `Content-Length`
 //!   over the body limit gets 413 before anything is read (so no `100 Continue`); JSON
 //!   routes refuse any `Content-Type` but `application/json` with 415 (a cross-site form or
-//!   `text/plain` POST cannot be sent as JSON by a browser without a preflight); bodies must
-//!   arrive within [`FrontLimits::body_timeout`] (408).
+//!   `text/plain` POST cannot be sent as JSON by a browser without a preflight); a body first
+//!   takes its bytes from the server's [`BodyBudget`] (503 when they are not free within the
+//!   body timeout), then must arrive within [`FrontLimits::body_timeout`] (408).
 //! - **Shutdown**: SIGTERM/SIGINT stops accepting, lets requests in flight finish for the
 //!   grace period, then tells streams to end with an error event (see
 //!   [`super::AppState::cut`]) and returns.
@@ -27,10 +28,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Largest request head (names and values of all headers) a handler is given; larger ones
 /// get an OpenAI-shaped 431. (hyper refuses heads past its ~400 KiB read buffer itself.)
@@ -60,6 +61,94 @@ impl Default for FrontLimits {
             body_timeout: Duration::from_secs(60),
             allowed_hosts: Vec::new(),
         }
+    }
+}
+
+/// Memory for request bodies held at once, across all connections: a POST takes
+/// [`BODY_COPIES`] times its `Content-Length` (the body limit when it declares none) before its
+/// body is read, and holds it until its handler is done with the bytes ([`BodyPermit`]). A body
+/// larger than the whole budget waits until it can be read alone.
+///
+/// Why: every route reads its body whole, so at the defaults (512 connections, 64 MiB bodies)
+/// the bodies alone could hold 32 GiB; 32 concurrent 60 MB chat bodies took the fixture server
+/// from 60 MB to 2.0 GB.
+/// What a body costs at its peak, in multiples of its length: the chunks as they arrive and
+/// the one buffer they are gathered into, then the text parsed from it (a data URL's base64)
+/// and the image bytes decoded from that. (Measured: one 30 MB chat body raised the fixture
+/// server's resident memory by 141 MB, 4.7 times.)
+pub const BODY_COPIES: u64 = 5;
+
+#[derive(Debug)]
+pub struct BodyBudget {
+    permits: Arc<Semaphore>,
+    /// The budget in KiB, the semaphore's unit.
+    total_kib: u32,
+    /// Bytes granted now. (Not the semaphore's count: while a large body waits, the semaphore
+    /// sets aside the permits freed for it, which no body holds yet.)
+    held: Arc<AtomicU64>,
+    /// The most bytes ever granted at once.
+    peak: AtomicU64,
+}
+
+/// A body's share of the [`BodyBudget`]: the request carries it to its handler (an extension),
+/// and it is given back when the last copy is dropped (by a handler when the body's bytes, and
+/// what was decoded from them, are gone; with the request otherwise).
+#[derive(Debug, Clone)]
+pub struct BodyPermit(#[allow(dead_code)] Arc<Held>); // held for its drop
+
+#[derive(Debug)]
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    bytes: u64,
+    held: Arc<AtomicU64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+impl BodyBudget {
+    /// A budget of `bytes` (at least 1 KiB).
+    pub fn new(bytes: u64) -> BodyBudget {
+        // Half of u32's range: tokio's semaphore takes at most `usize::MAX >> 3` permits and
+        // `acquire_many` a u32.
+        let total_kib = bytes.div_ceil(1024).clamp(1, u64::from(u32::MAX / 2)) as u32;
+        BodyBudget {
+            permits: Arc::new(Semaphore::new(total_kib as usize)),
+            total_kib,
+            held: Arc::new(AtomicU64::new(0)),
+            peak: AtomicU64::new(0),
+        }
+    }
+
+    /// Waits up to `wait` for `bytes` (capped at the whole budget); `None` when they did not
+    /// become free in time.
+    pub async fn acquire(&self, bytes: u64, wait: Duration) -> Option<BodyPermit> {
+        let kib = bytes.div_ceil(1024).clamp(1, u64::from(self.total_kib)) as u32;
+        let permit = tokio::time::timeout(wait, self.permits.clone().acquire_many_owned(kib))
+            .await
+            .ok()?
+            .ok()?;
+        let bytes = u64::from(kib) * 1024;
+        let now = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Some(BodyPermit(Arc::new(Held {
+            _permit: permit,
+            bytes,
+            held: self.held.clone(),
+        })))
+    }
+
+    /// Bytes granted now (in whole KiB per body).
+    pub fn in_use(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes ever granted at once.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
     }
 }
 
@@ -157,8 +246,21 @@ async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
             "this route takes Content-Type: application/json (got {got})"
         )));
     }
-    let (parts, body) = req.into_parts();
     let secs = st.cfg.front.body_timeout.as_secs();
+    let permit = st
+        .body_budget
+        .acquire(
+            BODY_COPIES * declared.unwrap_or(limit as u64),
+            st.cfg.front.body_timeout,
+        )
+        .await
+        .ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "other requests' bodies hold the memory for request bodies \
+                 (--body-memory-mb) and it did not free up within {secs} s; retry"
+            ))
+        })?;
+    let (parts, body) = req.into_parts();
     let bytes = tokio::time::timeout(st.cfg.front.body_timeout, axum::body::to_bytes(body, limit))
         .await
         .map_err(|_| {
@@ -177,7 +279,9 @@ async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
                 ApiError::invalid(format!("cannot read the request body: {e}"))
             }
         })?;
-    Ok(Request::from_parts(parts, Body::from(bytes)))
+    let mut req = Request::from_parts(parts, Body::from(bytes));
+    req.extensions_mut().insert(permit);
+    Ok(req)
 }
 
 /// Serves `app` on `listener` with `st`'s connection limits until SIGTERM/SIGINT (or
@@ -265,6 +369,37 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Grants within the budget, waits (and gives up after `wait`) beyond it, counts only what
+    /// it granted (not what it sets aside for a waiting body), and lets a body larger than the
+    /// whole budget through alone.
+    #[tokio::test]
+    async fn the_body_budget_grants_waits_and_counts_what_it_granted() {
+        let b = BodyBudget::new(10 * 1024);
+        let short = Duration::from_millis(30);
+        let first = b.acquire(4 * 1024, short).await.unwrap();
+        let second = b.acquire(3 * 1024 + 1, short).await.unwrap(); // 4 KiB, whole KiB
+        assert_eq!(b.in_use(), 8 * 1024);
+        assert!(b.acquire(4 * 1024, short).await.is_none(), "2 KiB left");
+        drop(first);
+        assert_eq!(b.in_use(), 4 * 1024);
+        // More than the whole budget: waits for all of it, so the copy of `second` must go.
+        let copy = second.clone();
+        drop(second);
+        assert_eq!(b.in_use(), 4 * 1024, "a clone keeps the share");
+        let (big, _) = tokio::join!(b.acquire(1 << 30, Duration::from_secs(5)), async {
+            tokio::time::sleep(short).await;
+            assert_eq!(
+                b.in_use(),
+                4 * 1024,
+                "set aside for the waiting body, not granted"
+            );
+            drop(copy);
+        });
+        assert_eq!(b.in_use(), 10 * 1024);
+        drop(big);
+        assert_eq!((b.in_use(), b.peak()), (0, 10 * 1024));
+    }
 
     #[test]
     fn host_names_are_read_like_browsers_send_them() {

@@ -107,6 +107,9 @@ pub struct Gauges {
     /// Bytes of images being decoded now, and the most ever at once (see `DecodeBudget`).
     pub decode_bytes: u64,
     pub decode_peak_bytes: u64,
+    /// Bytes of request bodies held now, and the most ever at once (see `BodyBudget`).
+    pub body_bytes: u64,
+    pub body_peak_bytes: u64,
     /// Each engine (one per device), labelled `device`.
     pub engines: Vec<EngineGauges>,
 }
@@ -221,6 +224,18 @@ impl Metrics {
             "Most estimated bytes of request images ever decoded at once.",
             g.decode_peak_bytes as f64,
         );
+        gauge(
+            &mut out,
+            "ocrctl_request_body_bytes",
+            "Bytes of request bodies held now.",
+            g.body_bytes as f64,
+        );
+        gauge(
+            &mut out,
+            "ocrctl_request_body_peak_bytes",
+            "Most bytes of request bodies ever held at once.",
+            g.body_peak_bytes as f64,
+        );
         type Field = fn(&EngineGauges) -> f64;
         let per_engine: [(&str, &str, &str, Field); 5] = [
             (
@@ -307,6 +322,8 @@ mod tests {
             rss_bytes: Some(10),
             decode_bytes: 0,
             decode_peak_bytes: 7,
+            body_bytes: 0,
+            body_peak_bytes: 2048,
             engines: ["cpu:0", "cpu:1"]
                 .iter()
                 .enumerate()
@@ -326,6 +343,7 @@ mod tests {
         assert!(text.contains("# TYPE ocrctl_engine_requests_total counter\nocrctl_engine_requests_total{device=\"cpu:0\"} 5\n"));
         assert!(text.contains("ocrctl_engine_batch_size{device=\"cpu:1\"} 2\n"));
         assert!(text.contains("ocrctl_image_decode_peak_bytes 7\n"));
+        assert!(text.contains("ocrctl_request_body_peak_bytes 2048\n"));
         assert!(
             text.contains("ocrctl_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2")
         );

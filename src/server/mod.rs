@@ -80,6 +80,8 @@ pub struct AppState {
     pub cut: tokio::sync::watch::Sender<bool>,
     /// Bounds the memory of images being decoded at once (see [`images::DecodeBudget`]).
     pub decode_budget: images::DecodeBudget,
+    /// Bounds the memory of request bodies held at once (see [`front::BodyBudget`]).
+    pub body_budget: front::BodyBudget,
 }
 
 impl AppState {

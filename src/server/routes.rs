@@ -14,7 +14,7 @@ use crate::generation::sampling::SamplingParams;
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Multipart, Query, State};
+use axum::extract::{Extension, Multipart, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -88,6 +88,8 @@ pub async fn metrics(State(st): St) -> Response {
         rss_bytes: rss_bytes(),
         decode_bytes: st.decode_budget.in_use(),
         decode_peak_bytes: st.decode_budget.peak(),
+        body_bytes: st.body_budget.in_use(),
+        body_peak_bytes: st.body_budget.peak(),
         engines: st
             .shared
             .engines
@@ -360,6 +362,7 @@ pub(crate) fn gen_request(
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(st): St,
+    permit: Option<Extension<super::front::BodyPermit>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let accepted = Instant::now();
@@ -402,6 +405,8 @@ pub async fn chat(
     let client = ClientAlive::new();
     let alive = client.flag();
     let (prompt_ids, pixels) = tokio::task::spawn_blocking(move || {
+        // The body's share of the memory for bodies, given back with the image bytes.
+        let _body = permit;
         let is_alive = || alive.load(Ordering::Relaxed);
         // One permit for the decodes and every preprocessed page, until they are queued.
         let _permit = st2

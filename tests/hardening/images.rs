@@ -1,6 +1,6 @@
 //! Request images and memory: decodes share the profile's budget, a request's preprocessed
-//! pages count against it until they are queued, and images too long for the sequence are
-//! refused before anything is decoded.
+//! pages count against it until they are queued, images too long for the sequence are refused
+//! before anything is decoded, and request bodies share `--body-memory-mb`.
 
 use super::common;
 use super::common::server::{chat_body, concurrently, multipart, png_header, request, Server};
@@ -125,4 +125,58 @@ fn a_requests_pages_count_against_the_budget_until_queued() {
         .parse()
         .unwrap();
     assert_eq!(peak, 1540 * 1540 * (11 + 3));
+}
+
+/// Thirty-two concurrent chat requests of 60 MB took the fixture server from 60 MB to 2.0 GB:
+/// every body was read whole at once. A body now takes five times its length (what reading and
+/// parsing it hold) from `--body-memory-mb` before it is read: with 200 MiB, eight 30 MB bodies
+/// are read one at a time (each is refused after reading: its data URL is no image). Before,
+/// they added 425 MB; one alone adds ~141 MB.
+#[test]
+fn request_bodies_share_the_memory_for_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile(dir.path(), "");
+    let yaml = std::fs::read_to_string(&p).unwrap();
+    std::fs::write(&p, yaml.replace("max_body_mb: 8", "max_body_mb: 64")).unwrap();
+    let s = Server::start(
+        common::exported(),
+        &["--profile", p.to_str().unwrap(), "--body-memory-mb", "200"],
+        true,
+    );
+    let url = format!("data:image/png;base64,{}", "A".repeat(30 << 20));
+    let body = json!({
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+        "max_tokens": 2,
+    })
+    .to_string();
+    drop(url);
+    let one = (5 * body.len() as u64).div_ceil(1024) * 1024;
+    let before = peak_rss_kib(s.child.id());
+    let addr = s.addr.clone();
+    let got = concurrently(8, move |_| {
+        common::server::post_json_to(&addr, "/v1/chat/completions", &body)
+    });
+    for r in got {
+        assert_eq!(r.status, 400, "{}", r.text());
+    }
+    let m = s.get("/metrics").unwrap().text();
+    let gauge = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .expect("body gauge")
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        gauge("ocrctl_request_body_peak_bytes "),
+        one,
+        "one body at a time"
+    );
+    assert_eq!(
+        gauge("ocrctl_request_body_bytes "),
+        0,
+        "every body given back"
+    );
+    let grown_mib = (peak_rss_kib(s.child.id()) - before) / 1024;
+    assert!(grown_mib < 300, "peak RSS grew by {grown_mib} MiB");
 }

@@ -37,6 +37,7 @@ fn form_logit_bias(text: &str) -> Result<Vec<(u32, f32)>, ApiError> {
 pub async fn ocr(
     State(st): St,
     Query(q): Query<OcrQuery>,
+    permit: Option<Extension<super::super::front::BodyPermit>>,
     mp: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let accepted = Instant::now();
@@ -124,6 +125,8 @@ pub async fn ocr(
     let client = ClientAlive::new();
     let alive = client.flag();
     let pages = tokio::task::spawn_blocking(move || {
+        // The body's share of the memory for bodies, given back with the upload's bytes.
+        let _body = permit;
         let is_alive = || alive.load(Ordering::Relaxed);
         // The render or decode and every preprocessed page, until they are queued.
         let cost = images::plan([&bytes[..]], st2.cfg.max_images, &st2.pre).bytes;
