@@ -25,6 +25,16 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// The value of the unlabelled gauge `name` in the server's `/metrics`.
+fn gauge(s: &Server, name: &str) -> u64 {
+    let m = s.get("/metrics").unwrap().text();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        .parse()
+        .unwrap()
+}
+
 /// 10.3: twelve large PNGs decoded at once to a 4.9 GB RSS. Now decodes share a budget
 /// from the profile (`decode_memory_mb`): with 64 MiB, six 3000² uploads (99 MB each by the
 /// estimate) decode one at a time.
@@ -52,15 +62,9 @@ fn concurrent_large_images_decode_within_the_profiles_budget() {
     for r in got {
         assert_eq!(r.status, 200, "{}", r.text());
     }
-    let m = s.get("/metrics").unwrap().text();
-    let peak: f64 = m
-        .lines()
-        .find_map(|l| l.strip_prefix("ocrctl_image_decode_peak_bytes "))
-        .expect("decode gauge")
-        .parse()
-        .unwrap();
-    assert!(peak <= 64.0 * 1024.0 * 1024.0, "peak {peak}");
-    assert!(peak > 0.0);
+    let peak = gauge(&s, "ocrctl_image_decode_peak_bytes");
+    assert!(peak <= 64 << 20, "peak {peak}");
+    assert!(peak > 0);
     // Six concurrent decodes would add ~6 x 63 MB (RGBA-free 8-bit RGB buffers and their
     // copies); one at a time stays well under half of that.
     let grown_mib = (peak_rss_kib(s.child.id()) - before) / 1024;
@@ -117,13 +121,7 @@ fn a_requests_pages_count_against_the_budget_until_queued() {
     for r in got {
         assert_eq!(r.status, 200, "{}", r.text());
     }
-    let m = s.get("/metrics").unwrap().text();
-    let peak: u64 = m
-        .lines()
-        .find_map(|l| l.strip_prefix("ocrctl_image_decode_peak_bytes "))
-        .expect("decode gauge")
-        .parse()
-        .unwrap();
+    let peak = gauge(&s, "ocrctl_image_decode_peak_bytes");
     assert_eq!(peak, 1540 * 1540 * (11 + 3));
 }
 
@@ -159,21 +157,10 @@ fn request_bodies_share_the_memory_for_bodies() {
     for r in got {
         assert_eq!(r.status, 400, "{}", r.text());
     }
-    let m = s.get("/metrics").unwrap().text();
-    let gauge = |name: &str| -> u64 {
-        m.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .expect("body gauge")
-            .parse()
-            .unwrap()
-    };
+    let peak = gauge(&s, "ocrctl_request_body_peak_bytes");
+    assert_eq!(peak, one, "one body at a time");
     assert_eq!(
-        gauge("ocrctl_request_body_peak_bytes "),
-        one,
-        "one body at a time"
-    );
-    assert_eq!(
-        gauge("ocrctl_request_body_bytes "),
+        gauge(&s, "ocrctl_request_body_bytes"),
         0,
         "every body given back"
     );
