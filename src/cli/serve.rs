@@ -82,7 +82,7 @@ pub struct ServeArgs {
     /// Seconds a request's body has to arrive.
     #[arg(long, env = "OCRCTL_BODY_TIMEOUT", default_value_t = 60)]
     body_timeout: u64,
-    /// Memory for request bodies held at once, MiB: a body takes five times its
+    /// Memory for request bodies held at once, MiB: a body takes three times its
     /// Content-Length (what reading and parsing it hold at their peak) before it is read, and
     /// gives it back once its images are preprocessed; when that does not free up within
     /// --body-timeout the request gets 503.

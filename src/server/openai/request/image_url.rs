@@ -28,13 +28,20 @@ pub fn parse_data_url(url: &str, param: &str) -> Result<Vec<u8>, ApiError> {
             "data URL must be base64-encoded (data:image/png;base64,...)",
         ));
     }
-    let cleaned: String = payload
-        .chars()
-        .filter(|c| !c.is_ascii_whitespace())
-        .collect();
+    // Line breaks inside the payload are allowed; a copy without them is made only when there
+    // are some (a payload can be tens of MB, and the request budget counts every copy).
+    let cleaned: std::borrow::Cow<'_, [u8]> = if payload.bytes().any(|b| b.is_ascii_whitespace()) {
+        payload
+            .bytes()
+            .filter(|b| !b.is_ascii_whitespace())
+            .collect::<Vec<u8>>()
+            .into()
+    } else {
+        payload.as_bytes().into()
+    };
     base64::engine::general_purpose::STANDARD
-        .decode(cleaned.as_bytes())
-        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(cleaned.as_bytes()))
+        .decode(&cleaned)
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(&cleaned))
         .map_err(|e| ApiError::bad(param, format!("invalid base64 in data URL: {e}")))
 }
 

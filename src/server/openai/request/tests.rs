@@ -266,3 +266,22 @@ fn remote_urls_are_kept_for_the_caller_to_refuse() {
         matches!(&p.images[0], ImageSource::Remote { url, .. } if url == "https://example.com/a.png")
     );
 }
+
+/// Line breaks inside a base64 payload are skipped (MIME-style wrapping), with or without
+/// padding; anything else outside the alphabet is refused.
+#[test]
+fn data_url_payloads_decode_with_line_breaks_and_without_padding() {
+    let bytes: Vec<u8> = (0..=255).collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let wrapped: String = b64
+        .as_bytes()
+        .chunks(76)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect::<Vec<_>>()
+        .join("\r\n");
+    for payload in [b64.clone(), wrapped, b64.trim_end_matches('=').to_string()] {
+        let url = format!("data:image/png;base64,{payload}");
+        assert_eq!(parse_data_url(&url, "u").unwrap(), bytes, "{payload:.20}");
+    }
+    assert!(parse_data_url("data:image/png;base64,AA*A", "u").is_err());
+}
