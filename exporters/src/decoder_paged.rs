@@ -25,8 +25,9 @@
 //! (`past_seqlens` + its index), writes the keys and values into their blocks and attends with
 //! FlashAttention (paged, for block sizes that are a multiple of 128 at head size 128) or its
 //! flash-decoding kernel. Prompts and decode tokens of different sequences run in one call.
-//! Its kernel is CUDA-only and takes float16 or bfloat16, so this graph has no CPU check
-//! beyond ONNX Runtime accepting its nodes; an 8-bit cache pads the query heads as
+//! Its kernel is CUDA-only and takes float16 or bfloat16: on the CPU, `scripts/check_paged.py`
+//! (`tests/paged.rs`) runs this graph with `onnx.reference` and numpy's PagedAttention and
+//! compares it with the GQA decoder. An 8-bit cache pads the query heads as
 //! [`crate::decoder_gqa`] does (XQA's groups) and passes the per-tensor scale.
 
 use crate::checkpoint::Weights;
