@@ -80,11 +80,15 @@ if [ "$TRTRTX" = 1 ]; then
   if [ "$(dist_version tensorrt-rtx-cu13-bindings)" != "$TRT_RTX_VERSION" ] || [ "$(dist_version tensorrt-rtx-cu13-libs)" != "$TRT_RTX_VERSION" ]; then
     "${PIP[@]}" --no-deps "tensorrt-rtx-cu13-libs==$TRT_RTX_VERSION" "tensorrt-rtx-cu13-bindings==$TRT_RTX_VERSION"
   fi
-  # The builder writes EPContext models with the onnx package.
+  echo "TensorRT-RTX builder $(.venv/bin/python -c 'import tensorrt_rtx_bindings as t; print(t.__version__)') ready in .venv (ocrctl build-engines)"
+fi
+
+# The onnx package: the TensorRT-RTX builder writes EPContext models with it, and the paged
+# decoder's CPU check (scripts/check_paged.py, tests/paged.rs) runs graphs with onnx.reference.
+if [ "$TRTRTX" = 1 ] || [ "$TEST" = 1 ]; then
   if [ "$(dist_version onnx)" != "$ONNX_VERSION" ]; then
     "${PIP[@]}" "onnx==$ONNX_VERSION"
   fi
-  echo "TensorRT-RTX builder $(.venv/bin/python -c 'import tensorrt_rtx_bindings as t; print(t.__version__)') ready in .venv (ocrctl build-engines)"
 fi
 
 if [ "$TEST" = 1 ]; then

@@ -11,12 +11,7 @@ use std::process::Command;
 /// Whether `scripts/check_paged.py` can run (it needs `onnx.reference`); a skipped test says so.
 fn can_check(test: &str) -> bool {
     let has_onnx = runs(venv_python(), &["-c", "import onnx.reference"]);
-    require_tool(
-        test,
-        "onnx in .venv",
-        has_onnx,
-        "scripts/setup.sh --trt-rtx",
-    )
+    require_tool(test, "onnx in .venv", has_onnx, "scripts/setup.sh --test")
 }
 
 /// `scripts/check_paged.py` on `export` at `precision`: it passes, having compared every

@@ -95,7 +95,10 @@ pub struct BodyBudget {
 /// and it is given back when the last copy is dropped (by a handler when the body's bytes, and
 /// what was decoded from them, are gone; with the request otherwise).
 #[derive(Debug, Clone)]
-pub struct BodyPermit(#[allow(dead_code)] Arc<Held>); // held for its drop
+pub struct BodyPermit {
+    /// Held for its drop.
+    _held: Arc<Held>,
+}
 
 #[derive(Debug)]
 struct Held {
@@ -135,11 +138,13 @@ impl BodyBudget {
         let bytes = u64::from(kib) * 1024;
         let now = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak.fetch_max(now, Ordering::Relaxed);
-        Some(BodyPermit(Arc::new(Held {
-            _permit: permit,
-            bytes,
-            held: self.held.clone(),
-        })))
+        Some(BodyPermit {
+            _held: Arc::new(Held {
+                _permit: permit,
+                bytes,
+                held: self.held.clone(),
+            }),
+        })
     }
 
     /// Bytes granted now (in whole KiB per body).

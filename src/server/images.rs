@@ -96,18 +96,6 @@ impl DecodeBudget {
     }
 }
 
-/// Estimated peak bytes of decoding `bytes`: from the image header's size (read without
-/// decoding), or per page for a PDF of at most `max_pages` pages; 0 when the format is
-/// unknown (decoding then fails at once).
-fn decode_cost(bytes: &[u8], max_pages: usize) -> u64 {
-    if crate::documents::pdf::is_pdf(bytes) {
-        return PDF_PAGE_BYTES * max_pages as u64;
-    }
-    header_size(bytes).map_or(0, |(w, h)| {
-        u64::from(w) * u64::from(h) * DECODE_BYTES_PER_PIXEL
-    })
-}
-
 /// `(width, height)` from an image's header, without decoding it.
 fn header_size(bytes: &[u8]) -> Option<(u32, u32)> {
     image::ImageReader::new(std::io::Cursor::new(bytes))
@@ -124,7 +112,9 @@ pub struct Plan {
     /// Image tokens of the plain images (a PDF's pages are counted once rendered; an unknown
     /// format counts 0 and fails to decode).
     pub tokens: usize,
-    /// What to take from the [`DecodeBudget`] for the whole request: the largest decode plus
+    /// What to take from the [`DecodeBudget`] for the whole request: the largest decode (from
+    /// the header's size, [`DECODE_BYTES_PER_PIXEL`]; a PDF's pages at [`PDF_PAGE_BYTES`] each;
+    /// 0 for an unknown format, which fails to decode at once) plus
     /// every page's preprocessed pixels (8-bit RGB, 3 bytes a pixel: [`preprocess::Pixels`]),
     /// which the request holds until it is queued.
     pub bytes: u64,
@@ -151,15 +141,20 @@ pub fn plan<'a>(
     };
     let (mut plan, mut largest_decode) = (Plan::default(), 0);
     for bytes in uploads {
-        largest_decode = largest_decode.max(decode_cost(bytes, max_pages));
-        if crate::documents::pdf::is_pdf(bytes) {
+        // One look at each upload: a PDF, or an image's header.
+        let decode = if crate::documents::pdf::is_pdf(bytes) {
             let side = crate::documents::pdf::PDF_MAX_SIDE;
             plan.bytes += page(side, side).1 * max_pages as u64;
+            PDF_PAGE_BYTES * max_pages as u64
         } else if let Some((w, h)) = header_size(bytes) {
             let (tokens, px) = page(w, h);
             plan.tokens += tokens;
             plan.bytes += px;
-        }
+            u64::from(w) * u64::from(h) * DECODE_BYTES_PER_PIXEL
+        } else {
+            0
+        };
+        largest_decode = largest_decode.max(decode);
     }
     plan.bytes += largest_decode;
     plan
@@ -378,13 +373,22 @@ mod tests {
     }
 
     #[test]
-    fn decode_cost_reads_the_header_only() {
-        let mut png = Vec::new();
-        image::RgbImage::new(300, 200)
-            .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
-            .unwrap();
-        assert_eq!(decode_cost(&png, 8), 300 * 200 * DECODE_BYTES_PER_PIXEL);
-        assert_eq!(decode_cost(b"not an image", 8), 0);
+    fn a_decode_is_costed_from_the_header_only() {
+        let one = plan([png(300, 200).as_slice()], 8, &PreprocessConfig::default());
+        // 300 × 200 fits: 308 × 224 pixels after aligning each side up to 28.
+        assert_eq!(
+            one.bytes,
+            300 * 200 * DECODE_BYTES_PER_PIXEL + 308 * 224 * 3
+        );
+        assert_eq!(
+            plan(
+                [b"not an image".as_slice()],
+                8,
+                &PreprocessConfig::default()
+            )
+            .bytes,
+            0
+        );
     }
 
     fn png(w: u32, h: u32) -> Vec<u8> {
