@@ -75,8 +75,12 @@ class Paged:
             self.ref = onnx.reference.ReferenceEvaluator(model, new_ops=REFERENCE_OPS)
             self.sess = None
         else:
+            # ONNX Runtime's kernel writes the new keys and values into the blocks in place: the
+            # cache outputs must be the very buffers bound as the cache inputs (IO binding).
             self.ref = None
             self.sess = ort.InferenceSession(path, providers=["CUDAExecutionProvider"])
+            self.cache = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+                          for k, v in self.cache.items()}
 
     def run(self, embeds, news, pasts):
         """One call on the packed `embeds [T, D]` of sequences with `news` new tokens after
@@ -95,11 +99,27 @@ class Paged:
             names = [o.name for o in self.ref.proto_.graph.output]
             outs = dict(zip(names, self.ref.run(None, feeds)))
         else:
-            names = [o.name for o in self.sess.get_outputs()]
-            outs = dict(zip(names, self.sess.run(None, feeds)))
+            return self.run_bound(feeds)
         for name in self.cache:
             self.cache[name] = outs["present" + name[len("past_key_values"):]]
         return outs
+
+    def run_bound(self, feeds):
+        """The CUDA run: the cache's device buffers bound as inputs and as outputs, the rest
+        from and to host memory (`attention_metadata` must be there)."""
+        io = self.sess.io_binding()
+        cache_outs = {"present" + n[len("past_key_values"):] for n in self.cache}
+        names = [o.name for o in self.sess.get_outputs() if o.name not in cache_outs]
+        for name in names:
+            io.bind_output(name, "cpu")
+        for name, value in feeds.items():
+            if name in self.cache:
+                io.bind_ortvalue_input(name, value)
+                io.bind_ortvalue_output("present" + name[len("past_key_values"):], value)
+            else:
+                io.bind_cpu_input(name, np.ascontiguousarray(value))
+        self.sess.run_with_iobinding(io)
+        return dict(zip(names, io.copy_outputs_to_cpu()[: len(names)]))
 
 
 def gqa_run(sess, cache, embeds, past):
@@ -121,7 +141,8 @@ def main():
     ap.add_argument("export")
     ap.add_argument("--precision", default="fp16", choices=sorted(SUFFIX))
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--block", type=int, default=4)
+    ap.add_argument("--block", type=int, default=4,
+                    help="positions per block (CUDA: a power of two, at least 16)")
     a = ap.parse_args()
     sfx = SUFFIX[a.precision]
     onnx_dir = os.path.join(a.export, "onnx")
