@@ -12,7 +12,9 @@ import sys
 
 golden = json.load(open(sys.argv[1]))
 tol = float(sys.argv[2])
-by_file = {os.path.basename(im["file"]): im for im in golden["images"]}
+# By stem: scripts/golden_images.py gives JPEGs as PNGs of the reference's decoded pixels.
+stem = lambda path: os.path.splitext(os.path.basename(path))[0]  # noqa: E731
+by_file = {stem(im["file"]): im for im in golden["images"]}
 bad = 0
 seen = 0
 for line in sys.stdin:
@@ -20,7 +22,7 @@ for line in sys.stdin:
     if not line.startswith("{"):
         continue
     got = json.loads(line)
-    im = by_file[os.path.basename(got["file"])]
+    im = by_file[stem(got["file"])]
     seen += 1
     want = im["greedy_ids"]
     ids_ok = got["token_ids"] == want
