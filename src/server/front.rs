@@ -72,12 +72,12 @@ impl Default for FrontLimits {
 /// Why: every route reads its body whole, so at the defaults (512 connections, 64 MiB bodies)
 /// the bodies alone could hold 32 GiB; 32 concurrent 60 MB chat bodies took the fixture server
 /// from 60 MB to 2.0 GB.
-/// What a body costs at its peak, in multiples of its length: the body itself ([`read_body`]),
-/// the text parsed from it (a data URL's base64) and the image bytes decoded from that.
-/// (Measured: one 30 MB chat body raised the fixture server's resident memory by 75–81 MB,
-/// 2.6 times; 141 MB before the body was read into one buffer and the base64 decoded without
-/// a copy.)
-pub const BODY_COPIES: u64 = 3;
+/// What a body costs at its peak, in multiples of its length: the body itself ([`read_body`])
+/// and the image bytes a data URL's base64 decodes to (3/4 of its length), decoded while the
+/// body is parsed (`openai::request::Url`). (Measured: one 30 MB chat body raises the fixture
+/// server's resident memory by 45–50 MB, 1.5–1.7 times; 75–81 MB while the parsed request
+/// held the base64 as a string of its own, 141 MB before the body was read into one buffer.)
+pub const BODY_COPIES: u64 = 2;
 
 #[derive(Debug)]
 pub struct BodyBudget {

@@ -5,6 +5,7 @@
 use super::common;
 use super::common::server::{chat_body, concurrently, multipart, png_header, request, Server};
 use super::{error_of, profile};
+use ocrctl::server::front::BODY_COPIES;
 use serde_json::json;
 
 /// A PNG of `w`×`h` grey pixels (compresses to almost nothing).
@@ -126,10 +127,10 @@ fn a_requests_pages_count_against_the_budget_until_queued() {
 }
 
 /// Thirty-two concurrent chat requests of 60 MB took the fixture server from 60 MB to 2.0 GB:
-/// every body was read whole at once. A body now takes three times its length (what reading
-/// and parsing it hold) from `--body-memory-mb` before it is read: with 150 MiB, eight 30 MB
-/// bodies are read one at a time (each is refused after reading: its data URL is no image).
-/// Before, they added 425 MB; one alone adds ~80 MB.
+/// every body was read whole at once. A body now takes `BODY_COPIES` (2) times its length
+/// (what reading and parsing it hold) from `--body-memory-mb` before it is read: with 100 MiB,
+/// eight 30 MB bodies are read one at a time (each is refused after reading: its data URL is
+/// no image). Before, they added 425 MB; one alone adds ~50 MB.
 #[test]
 fn request_bodies_share_the_memory_for_bodies() {
     let dir = tempfile::tempdir().unwrap();
@@ -138,7 +139,7 @@ fn request_bodies_share_the_memory_for_bodies() {
     std::fs::write(&p, yaml.replace("max_body_mb: 8", "max_body_mb: 64")).unwrap();
     let s = Server::start(
         common::exported(),
-        &["--profile", p.to_str().unwrap(), "--body-memory-mb", "150"],
+        &["--profile", p.to_str().unwrap(), "--body-memory-mb", "100"],
         true,
     );
     let url = format!("data:image/png;base64,{}", "A".repeat(30 << 20));
@@ -148,7 +149,7 @@ fn request_bodies_share_the_memory_for_bodies() {
     })
     .to_string();
     drop(url);
-    let one = (3 * body.len() as u64).div_ceil(1024) * 1024;
+    let one = (BODY_COPIES * body.len() as u64).div_ceil(1024) * 1024;
     let before = peak_rss_kib(s.child.id());
     let addr = s.addr.clone();
     let got = concurrently(8, move |_| {

@@ -14,14 +14,14 @@
 #[cfg(doc)]
 use crate::generation::sampling::SamplingParams;
 use crate::server::error::ApiError;
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::value::SeqAccessDeserializer;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt;
 
 mod image_url;
-pub use image_url::{image_source, parse_data_url, ImageSource};
+pub use image_url::{image_source, parse_data_url, ImageSource, ImageUrl, Url};
 
 /// Most stop strings one request may give (OpenAI allows 4; vLLM more).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -144,39 +144,6 @@ pub struct Part {
     pub kind: Option<String>,
     pub text: Option<String>,
     pub image_url: Option<ImageUrl>,
-}
-
-/// A part's `image_url`: `{"url": …, "detail": …}` (`detail` is ignored) or, as some
-/// clients send it, the URL string itself.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ImageUrl {
-    pub url: Option<String>,
-}
-
-impl<'de> Deserialize<'de> for ImageUrl {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        struct Object {
-            url: Option<String>,
-        }
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ImageUrl;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object {\"url\": ...}")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<ImageUrl, E> {
-                Ok(ImageUrl {
-                    url: Some(s.to_string()),
-                })
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ImageUrl, A::Error> {
-                let o = Object::deserialize(MapAccessDeserializer::new(map))?;
-                Ok(ImageUrl { url: o.url })
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 /// `stop`: one string or a list of strings.
@@ -534,10 +501,13 @@ impl Part {
                     ));
                 };
                 let param = format!("{at}.image_url.url");
-                let Some(url) = image_url.url else {
-                    return Err(ApiError::bad(param, "image_url needs a string `url`"));
-                };
-                images.push(image_source(&url, &param)?);
+                images.push(match image_url.url {
+                    Some(Url::Data(bytes)) => ImageSource::Data { bytes, param },
+                    Some(Url::Other(url)) => image_source(&url, &param)?,
+                    None => {
+                        return Err(ApiError::bad(param, "image_url needs a string `url`"));
+                    }
+                });
                 Ok(json!({"type": "image"}))
             }
             other => Err(ApiError::bad(

@@ -1,8 +1,12 @@
-//! Where a request's images come from: `data:` URLs decoded here, `http(s)://` URLs kept for
-//! the fetcher, anything else refused; every error names the request field it came from.
+//! Where a request's images come from: `data:` URLs decoded here (while the body is parsed,
+//! [`Url`]), `http(s)://` URLs kept for the fetcher, anything else refused; every error names
+//! the request field it came from.
 
 use crate::server::error::ApiError;
 use base64::Engine as _;
+use serde::de::{self, value::MapAccessDeserializer, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use std::fmt;
 
 /// Where an image of a request comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -13,20 +17,20 @@ pub enum ImageSource {
     Remote { url: String, param: String },
 }
 
-/// Parses a `data:` URL's payload; only base64 payloads are accepted.
+/// Parses a `data:` URL's payload; only base64 payloads are accepted. The error names `param`.
 pub fn parse_data_url(url: &str, param: &str) -> Result<Vec<u8>, ApiError> {
+    decode_data_url(url).map_err(|e| ApiError::bad(param, e))
+}
+
+/// [`parse_data_url`]'s work, with the reason as text (for a deserializer's error, which the
+/// request's parser turns into one naming the field).
+fn decode_data_url(url: &str) -> Result<Vec<u8>, String> {
     let rest = &url["data:".len()..];
     let Some((meta, payload)) = rest.split_once(',') else {
-        return Err(ApiError::bad(
-            param,
-            "data URL has no ',' before its payload",
-        ));
+        return Err("data URL has no ',' before its payload".into());
     };
     if !meta.split(';').any(|p| p.eq_ignore_ascii_case("base64")) {
-        return Err(ApiError::bad(
-            param,
-            "data URL must be base64-encoded (data:image/png;base64,...)",
-        ));
+        return Err("data URL must be base64-encoded (data:image/png;base64,...)".into());
     }
     // Line breaks inside the payload are allowed; a copy without them is made only when there
     // are some (a payload can be tens of MB, and the request budget counts every copy).
@@ -42,13 +46,19 @@ pub fn parse_data_url(url: &str, param: &str) -> Result<Vec<u8>, ApiError> {
     base64::engine::general_purpose::STANDARD
         .decode(&cleaned)
         .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(&cleaned))
-        .map_err(|e| ApiError::bad(param, format!("invalid base64 in data URL: {e}")))
+        .map_err(|e| format!("invalid base64 in data URL: {e}"))
+}
+
+/// Whether `url` is a `data:` URL (the scheme in any case).
+fn is_data_url(url: &str) -> bool {
+    url.get(..5)
+        .is_some_and(|s| s.eq_ignore_ascii_case("data:"))
 }
 
 /// Classifies an image URL: `data:` (decoded), `http(s)://` (kept), anything else refused.
 pub fn image_source(url: &str, param: &str) -> Result<ImageSource, ApiError> {
     let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
-    if lower.starts_with("data:") {
+    if is_data_url(url) {
         Ok(ImageSource::Data {
             bytes: parse_data_url(url, param)?,
             param: param.to_string(),
@@ -68,5 +78,71 @@ pub fn image_source(url: &str, param: &str) -> Result<ImageSource, ApiError> {
             param,
             "image URL must be a data: URL (data:image/png;base64,...) or http(s)://",
         ))
+    }
+}
+
+/// A part's `image_url`: `{"url": …, "detail": …}` (`detail` is ignored) or, as some
+/// clients send it, the URL string itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImageUrl {
+    pub url: Option<Url>,
+}
+
+/// An image URL as parsed. A `data:` URL's payload is decoded while the body is parsed,
+/// straight from the body's bytes: its base64 text is never copied into a string of its own
+/// (a payload can be tens of MB, and the body budget counts every copy,
+/// [`crate::server::front::BODY_COPIES`]). A bad payload fails the parse, naming the field.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Url {
+    /// A `data:` URL's decoded bytes.
+    Data(Vec<u8>),
+    /// Any other URL, classified later ([`image_source`]).
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for Url {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Url;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            // serde_json lends the string from the body when it has no escapes (a base64
+            // payload has none), and from a scratch buffer otherwise.
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Url, E> {
+                if is_data_url(s) {
+                    decode_data_url(s).map(Url::Data).map_err(E::custom)
+                } else {
+                    Ok(Url::Other(s.to_string()))
+                }
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for ImageUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Object {
+            url: Option<Url>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ImageUrl;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object {\"url\": ...}")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ImageUrl, E> {
+                Url::deserialize(de::value::StrDeserializer::<E>::new(s))
+                    .map(|u| ImageUrl { url: Some(u) })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ImageUrl, A::Error> {
+                let o = Object::deserialize(MapAccessDeserializer::new(map))?;
+                Ok(ImageUrl { url: o.url })
+            }
+        }
+        d.deserialize_any(V)
     }
 }

@@ -285,3 +285,34 @@ fn data_url_payloads_decode_with_line_breaks_and_without_padding() {
     }
     assert!(parse_data_url("data:image/png;base64,AA*A", "u").is_err());
 }
+
+/// A data URL is decoded while the body is parsed: the parsed request holds its bytes, never
+/// its base64 text (which can be tens of MB), also when the client escaped its slashes.
+#[test]
+fn data_urls_are_decoded_while_parsing() {
+    let bytes: Vec<u8> = (0..=255).collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    assert!(b64.contains('/'));
+    for payload in [b64.clone(), b64.replace('/', "\\/")] {
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{payload}"}}}},{{"type":"image_url","image_url":"DATA:image/png;base64,{payload}"}}]}}]}}"#
+        );
+        let req = ChatCompletionRequest::from_json(body.as_bytes()).unwrap();
+        let Content::Parts(parts) = &req.messages.as_ref().unwrap()[0].content else {
+            panic!("list content");
+        };
+        for part in parts {
+            let url = part.image_url.as_ref().and_then(|u| u.url.clone());
+            assert_eq!(url, Some(Url::Data(bytes.clone())), "{payload:.20}");
+        }
+    }
+    let other = r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}"#;
+    let req = ChatCompletionRequest::from_json(other.as_bytes()).unwrap();
+    let Content::Parts(parts) = &req.messages.as_ref().unwrap()[0].content else {
+        panic!("list content");
+    };
+    assert_eq!(
+        parts[0].image_url.as_ref().unwrap().url,
+        Some(Url::Other("https://example.com/a.png".into()))
+    );
+}
