@@ -95,11 +95,10 @@ class Paged:
             "attention_metadata": np.array(
                 [max(news), max(p + n for p, n in zip(pasts, news))], np.int32),
         })
-        if self.ref is not None:
-            names = [o.name for o in self.ref.proto_.graph.output]
-            outs = dict(zip(names, self.ref.run(None, feeds)))
-        else:
+        if self.ref is None:
             return self.run_bound(feeds)
+        names = [o.name for o in self.ref.proto_.graph.output]
+        outs = dict(zip(names, self.ref.run(None, feeds)))
         for name in self.cache:
             self.cache[name] = outs["present" + name[len("past_key_values"):]]
         return outs
