@@ -82,8 +82,8 @@ pub struct ServeArgs {
     /// Seconds a request's body has to arrive.
     #[arg(long, env = "OCRCTL_BODY_TIMEOUT", default_value_t = 60)]
     body_timeout: u64,
-    /// Memory for request bodies held at once, MiB: a body takes three times its
-    /// Content-Length (what reading and parsing it hold at their peak) before it is read, and
+    /// Memory for request bodies held at once, MiB: a body takes twice its Content-Length
+    /// (what reading and parsing it hold at their peak) before it is read, and
     /// gives it back once its images are preprocessed; when that does not free up within
     /// --body-timeout the request gets 503.
     #[arg(long, env = "OCRCTL_BODY_MEMORY_MB", default_value_t = 1024)]

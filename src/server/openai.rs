@@ -14,8 +14,8 @@ pub mod request;
 pub mod response;
 
 pub use request::{
-    image_source, parse_chat, parse_data_url, text_bytes, ChatCompletionRequest, ChatParams,
-    Content, ImageSource, ImageUrl, Message, Part, Seed, Stop, MAX_LOGIT_BIAS, MAX_MESSAGES,
-    MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS,
+    image_source, parse_chat, text_bytes, ChatCompletionRequest, ChatParams, Content, ImageSource,
+    ImageUrl, Message, Part, Seed, Stop, MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_STOP_BYTES,
+    MAX_STOP_STRINGS, MAX_TOP_LOGPROBS,
 };
 pub use response::{chunk, completion, logprob_entry, usage};

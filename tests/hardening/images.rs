@@ -26,6 +26,17 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// Sends the chat `body` from `n` clients at once; every answer must have `status`.
+fn chat_concurrently(s: &Server, n: usize, body: String, status: u16) {
+    let addr = s.addr.clone();
+    let got = concurrently(n, move |_| {
+        common::server::post_json_to(&addr, "/v1/chat/completions", &body)
+    });
+    for r in got {
+        assert_eq!(r.status, status, "{}", r.text());
+    }
+}
+
 /// The value of the unlabelled gauge `name` in the server's `/metrics`.
 fn gauge(s: &Server, name: &str) -> u64 {
     let m = s.get("/metrics").unwrap().text();
@@ -115,13 +126,7 @@ fn a_requests_pages_count_against_the_budget_until_queued() {
         true,
     );
     let body = chat_body(&big_png(1540, 1540), "image/png", 1).to_string();
-    let addr = s.addr.clone();
-    let got = concurrently(3, move |_| {
-        common::server::post_json_to(&addr, "/v1/chat/completions", &body)
-    });
-    for r in got {
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
+    chat_concurrently(&s, 3, body, 200);
     let peak = gauge(&s, "ocrctl_image_decode_peak_bytes");
     assert_eq!(peak, 1540 * 1540 * (11 + 3));
 }
@@ -151,13 +156,7 @@ fn request_bodies_share_the_memory_for_bodies() {
     drop(url);
     let one = (BODY_COPIES * body.len() as u64).div_ceil(1024) * 1024;
     let before = peak_rss_kib(s.child.id());
-    let addr = s.addr.clone();
-    let got = concurrently(8, move |_| {
-        common::server::post_json_to(&addr, "/v1/chat/completions", &body)
-    });
-    for r in got {
-        assert_eq!(r.status, 400, "{}", r.text());
-    }
+    chat_concurrently(&s, 8, body, 400);
     let peak = gauge(&s, "ocrctl_request_body_peak_bytes");
     assert_eq!(peak, one, "one body at a time");
     assert_eq!(

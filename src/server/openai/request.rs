@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use std::fmt;
 
 mod image_url;
-pub use image_url::{image_source, parse_data_url, ImageSource, ImageUrl, Url};
+pub use image_url::{image_source, ImageSource, ImageUrl, Url};
 
 /// Most stop strings one request may give (OpenAI allows 4; vLLM more).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -501,13 +501,10 @@ impl Part {
                     ));
                 };
                 let param = format!("{at}.image_url.url");
-                images.push(match image_url.url {
-                    Some(Url::Data(bytes)) => ImageSource::Data { bytes, param },
-                    Some(Url::Other(url)) => image_source(&url, &param)?,
-                    None => {
-                        return Err(ApiError::bad(param, "image_url needs a string `url`"));
-                    }
-                });
+                let Some(url) = image_url.url else {
+                    return Err(ApiError::bad(param, "image_url needs a string `url`"));
+                };
+                images.push(image_source(url, param)?);
                 Ok(json!({"type": "image"}))
             }
             other => Err(ApiError::bad(

@@ -17,14 +17,9 @@ pub enum ImageSource {
     Remote { url: String, param: String },
 }
 
-/// Parses a `data:` URL's payload; only base64 payloads are accepted. The error names `param`.
-pub fn parse_data_url(url: &str, param: &str) -> Result<Vec<u8>, ApiError> {
-    decode_data_url(url).map_err(|e| ApiError::bad(param, e))
-}
-
-/// [`parse_data_url`]'s work, with the reason as text (for a deserializer's error, which the
-/// request's parser turns into one naming the field).
-fn decode_data_url(url: &str) -> Result<Vec<u8>, String> {
+/// Decodes a `data:` URL's payload (only base64 payloads are accepted); the error is the
+/// reason as text, which the request's parser reports naming the field ([`Url`]).
+pub(super) fn decode_data_url(url: &str) -> Result<Vec<u8>, String> {
     let rest = &url["data:".len()..];
     let Some((meta, payload)) = rest.split_once(',') else {
         return Err("data URL has no ',' before its payload".into());
@@ -55,19 +50,16 @@ fn is_data_url(url: &str) -> bool {
         .is_some_and(|s| s.eq_ignore_ascii_case("data:"))
 }
 
-/// Classifies an image URL: `data:` (decoded), `http(s)://` (kept), anything else refused.
-pub fn image_source(url: &str, param: &str) -> Result<ImageSource, ApiError> {
-    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
-    if is_data_url(url) {
-        Ok(ImageSource::Data {
-            bytes: parse_data_url(url, param)?,
-            param: param.to_string(),
-        })
-    } else if lower.starts_with("http://") || lower.starts_with("https://") {
-        Ok(ImageSource::Remote {
-            url: url.to_string(),
-            param: param.to_string(),
-        })
+/// Where the image of `url`, the field `param`, comes from: a `data:` URL's bytes (decoded
+/// while parsing), an `http(s)://` URL (kept), anything else refused.
+pub fn image_source(url: Url, param: String) -> Result<ImageSource, ApiError> {
+    let url = match url {
+        Url::Data(bytes) => return Ok(ImageSource::Data { bytes, param }),
+        Url::Other(url) => url,
+    };
+    let lower = url.get(..8).unwrap_or(&url).to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        Ok(ImageSource::Remote { url, param })
     } else if lower.starts_with("file:") {
         Err(ApiError::bad(
             param,
@@ -96,7 +88,7 @@ pub struct ImageUrl {
 pub enum Url {
     /// A `data:` URL's decoded bytes.
     Data(Vec<u8>),
-    /// Any other URL, classified later ([`image_source`]).
+    /// Any other URL, classified by [`image_source`].
     Other(String),
 }
 

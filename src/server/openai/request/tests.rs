@@ -281,9 +281,13 @@ fn data_url_payloads_decode_with_line_breaks_and_without_padding() {
         .join("\r\n");
     for payload in [b64.clone(), wrapped, b64.trim_end_matches('=').to_string()] {
         let url = format!("data:image/png;base64,{payload}");
-        assert_eq!(parse_data_url(&url, "u").unwrap(), bytes, "{payload:.20}");
+        assert_eq!(
+            image_url::decode_data_url(&url).unwrap(),
+            bytes,
+            "{payload:.20}"
+        );
     }
-    assert!(parse_data_url("data:image/png;base64,AA*A", "u").is_err());
+    assert!(image_url::decode_data_url("data:image/png;base64,AA*A").is_err());
 }
 
 /// A data URL is decoded while the body is parsed: the parsed request holds its bytes, never
