@@ -296,7 +296,7 @@ fn batched_gqa_with_joins_and_leaves_equals_the_reference() {
             staged.then_some(2 * lens.len()),
             "{precision:?}"
         );
-        assert_eq!(engine.backend.free_sequences(), Some(3));
+        assert_eq!(engine.backend.kv_capacity().free(), Some(3));
     }
 }
 
@@ -305,7 +305,7 @@ fn batched_gqa_with_joins_and_leaves_equals_the_reference() {
 #[test]
 fn a_sequence_longer_than_the_cache_is_refused() {
     let mut m = load(Precision::Fp32, 1, 64);
-    assert_eq!(m.kv_capacity(), Some((1, 64)));
+    assert_eq!(m.kv_slots(), Some((1, 64)));
     let e = m.embed(&[5; 70]).unwrap();
     let err = match m.forward(e, None) {
         Ok(_) => panic!("a 70-token prompt fit a 64-position cache"),
@@ -378,7 +378,7 @@ fn a_full_cache_makes_requests_wait() {
     for (i, (o, want)) in out.iter().zip(&wants).enumerate() {
         assert_eq!(&o.as_ref().unwrap().token_ids, want, "request {i}");
     }
-    assert_eq!(engine.backend.free_sequences(), Some(2));
+    assert_eq!(engine.backend.kv_capacity().free(), Some(2));
 }
 
 /// 10 000 random events (joins, steps, cancels by the client) on a 3-slot cache: no slot
@@ -423,13 +423,13 @@ fn slots_never_leak_under_random_joins_leaves_and_cancels() {
                 _ => Flow::Continue,
             });
         }
-        let free = engine.backend.free_sequences().unwrap();
+        let free = engine.backend.kv_capacity().free().unwrap();
         assert_eq!(free + batch.len(), 3, "slots taken = sequences decoding");
     }
     assert!(failed.is_empty(), "{failed:?}");
     assert!(next > 1000 && done > 1000, "{next} admitted, {done} done");
     drop(batch);
-    assert_eq!(engine.backend.free_sequences(), Some(3));
+    assert_eq!(engine.backend.kv_capacity().free(), Some(3));
 }
 
 /// A request that would outgrow its slot fails at admission, alone; the request decoding
@@ -454,7 +454,7 @@ fn a_request_too_long_for_the_cache_fails_alone() {
         }
     );
     assert!(err.to_string().contains("holds 64"), "{err}");
-    assert_eq!(engine.backend.free_sequences(), Some(2));
+    assert_eq!(engine.backend.kv_capacity().free(), Some(2));
 }
 
 /// The `--target ort` graphs that the parity tests above check carry ONNX Runtime's fused

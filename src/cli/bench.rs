@@ -324,7 +324,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "vision_stage": engine.vision.is_some(),
         "vision_pixels": engine.backend.vision_pixels(),
         "prefill_stage": engine.vision.as_ref().is_some_and(|v| v.prefills()),
-        "kv_cache": engine.backend.kv_capacity().map(|(s, p)| json!({"sequences": s, "positions": p})),
+        "kv_cache": engine.backend.kv_slots().map(|(s, p)| json!({"sequences": s, "positions": p})),
         "gpu_memory": gpu.total.json(),
         "kv": kv_json(&engine.backend),
         "results": rows,

@@ -43,12 +43,13 @@
 //! ```
 
 use crate::generation::generate::{
-    argmax_and_top_k, log_sum_exp, prefill, FinishReason, Generation,
+    argmax_and_top_k, log_sum_exp, prefill_resumed, FinishReason, Generation,
 };
 use crate::generation::sampling::Sampler;
-use crate::generation::vision::{PrefillJob, Staged, VisionStage};
+use crate::generation::vision::{Staged, VisionStage};
 use crate::runtime::backend::{Backend, BackendError, RowNeed, StepLogits};
 
+mod admission;
 mod need;
 mod request;
 pub use request::{EngineError, Event, Flow, GenRequest};
@@ -65,6 +66,10 @@ struct Active<C> {
     device_choice: Option<need::Chosen>,
     cache: C,
     out: Generation,
+    /// Arrival order: a paged cache that runs dry preempts the youngest page first.
+    seq: u64,
+    /// Positions its cache holds (the prompt, then one per token fed back).
+    cached: usize,
 }
 
 /// A request admitted while its images are encoded (and perhaps its prompt prefilled) on the
@@ -77,13 +82,20 @@ struct Waiting {
     /// Whether its cache sequence was reserved at admission (the stage prefills it);
     /// otherwise the prefill takes one when the features are back.
     reserved: bool,
+    /// What it generated before a preemption (empty for a new request).
+    out: Generation,
+    seq: u64,
+    /// Blocks of a paged cache set aside for its prefill (0 otherwise).
+    promised: usize,
 }
 
-/// The requests being decoded together, with their caches, and those admitted whose images
-/// the vision stage is still encoding (they hold their place in the batch).
+/// The requests being decoded together, with their caches, those admitted whose images
+/// the vision stage is still encoding (they hold their place in the batch), and, with a
+/// paged cache, those waiting for blocks (new, or preempted to be recomputed).
 pub struct Batch<C> {
     active: Vec<Active<C>>,
     waiting: VecDeque<Waiting>,
+    queued: VecDeque<admission::Queued>,
 }
 
 impl<C> Default for Batch<C> {
@@ -91,6 +103,7 @@ impl<C> Default for Batch<C> {
         Batch {
             active: Vec::new(),
             waiting: VecDeque::new(),
+            queued: VecDeque::new(),
         }
     }
 }
@@ -101,14 +114,25 @@ impl<C> Batch<C> {
         Batch::default()
     }
 
-    /// Requests in the batch (decoding, or waiting for their image features).
+    /// Requests in the batch (decoding, waiting for their image features or for blocks).
     pub fn len(&self) -> usize {
-        self.active.len() + self.waiting.len()
+        self.active.len() + self.waiting.len() + self.queued.len()
     }
 
     /// Whether no request is in the batch.
     pub fn is_empty(&self) -> bool {
-        self.active.is_empty() && self.waiting.is_empty()
+        self.active.is_empty() && self.waiting.is_empty() && self.queued.is_empty()
+    }
+
+    /// Requests decoding now (the decode step's batch).
+    pub fn decoding(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Requests waiting for blocks of a paged cache: new ones, and preempted ones to be
+    /// recomputed.
+    pub fn queued(&self) -> usize {
+        self.queued.len()
     }
 
     /// Requests admitted whose image features are still being computed.
@@ -116,17 +140,22 @@ impl<C> Batch<C> {
         self.waiting.len()
     }
 
-    /// The caller ids of the requests in the batch (decoding first, then waiting).
+    /// The caller ids of the requests in the batch (decoding first, then waiting, then
+    /// queued for blocks).
     pub fn indices(&self) -> Vec<usize> {
         let waiting = self.waiting.iter().map(|w| w.index);
-        self.active.iter().map(|a| a.index).chain(waiting).collect()
+        let queued = self.queued.iter().map(|q| q.index);
+        let active = self.active.iter().map(|a| a.index);
+        active.chain(waiting).chain(queued).collect()
     }
 
     /// Removes request `index`, returning what it generated so far.
     pub fn remove(&mut self, index: usize) -> Option<Generation> {
         if let Some(pos) = self.waiting.iter().position(|w| w.index == index) {
-            self.waiting.remove(pos);
-            return Some(empty_generation());
+            return self.waiting.remove(pos).map(|w| w.out);
+        }
+        if let Some(pos) = self.queued.iter().position(|q| q.index == index) {
+            return self.queued.remove(pos).map(|q| q.out);
         }
         let pos = self.active.iter().position(|a| a.index == index)?;
         Some(self.active.remove(pos).out)
@@ -167,6 +196,11 @@ pub struct Engine<B: Backend> {
     /// [`crate::runtime::backend::PagePrefill`], on another thread while the batch decodes
     /// ([`crate::generation::vision`]); `None` does both during admission.
     pub vision: Option<VisionStage<B::Cache>>,
+    /// Pages a paged cache preempted so far (their blocks given back, their prompt and
+    /// tokens recomputed later).
+    pub preemptions: usize,
+    /// Arrival order of the next request.
+    next_seq: u64,
 }
 
 impl<B: Backend> Engine<B> {
@@ -182,35 +216,30 @@ impl<B: Backend> Engine<B> {
             max_batch,
             image_token_id,
             vision,
+            preemptions: 0,
+            next_seq: 0,
         }
     }
 
-    fn prefill(&mut self, req: &GenRequest) -> Result<(Vec<f32>, B::Cache), BackendError> {
+    /// The prefill of `req` on this thread, after the `generated` tokens it had before a
+    /// preemption (none for a new request).
+    fn prefill(
+        &mut self,
+        req: &GenRequest,
+        generated: &[u32],
+    ) -> Result<(Vec<f32>, B::Cache), BackendError> {
         let feats = req
             .images
             .iter()
             .map(|p| self.backend.encode_image(p))
             .collect::<Result<Vec<_>, _>>()?;
-        prefill(
+        prefill_resumed(
             &mut self.backend,
             &req.prompt_ids,
             self.image_token_id,
             &feats,
+            generated,
         )
-    }
-
-    /// Whether `batch` has room for another request: fewer than `max_batch` decoding or
-    /// waiting for image features, and a free sequence in the backend's cache for each
-    /// waiting one without a reserved sequence and this one when it has a fixed cache (a full
-    /// cache makes new requests wait for a running one to finish instead of failing).
-    pub fn has_room(&mut self, batch: &Batch<B::Cache>) -> bool {
-        self.reap(batch);
-        let unreserved = batch.waiting.iter().filter(|w| !w.reserved).count();
-        batch.len() < self.max_batch.max(1)
-            && self
-                .backend
-                .free_sequences()
-                .is_none_or(|free| free > unreserved)
     }
 
     /// Drops the vision stage's finished results of requests no longer in `batch` (removed
@@ -223,7 +252,7 @@ impl<B: Backend> Engine<B> {
         };
         let mut kept = Vec::new();
         while stage.outstanding() > kept.len() {
-            let starved = batch.is_empty() && self.backend.free_sequences() == Some(0);
+            let starved = batch.is_empty() && self.backend.kv_capacity().free() == Some(0);
             let Some(done) = stage.next(starved) else {
                 break;
             };
@@ -262,16 +291,25 @@ impl<B: Backend> Engine<B> {
             let Some(pos) = batch.waiting.iter().position(|w| w.ticket == done.ticket) else {
                 continue;
             };
+            if !admission::has_blocks_for(self.backend.kv_capacity(), &batch.waiting[pos]) {
+                // A lone page grew into the blocks set aside for this prompt: it waits until
+                // blocks are given back.
+                stage.hold(done);
+                return;
+            }
             let w = batch.waiting.remove(pos).expect("found above");
+            let generated = &w.out.token_ids;
             let started = done.result.and_then(|staged| match staged {
                 Staged::Prefilled { logits, cache } => Ok((logits, cache)),
-                Staged::Features(f) => prefill(
+                Staged::Features(f) => prefill_resumed(
                     &mut self.backend,
                     &w.req.prompt_ids,
                     self.image_token_id,
                     &f,
+                    generated,
                 ),
             });
+            let cached = w.req.prompt_ids.len() + generated.len();
             match started {
                 Ok((logits, cache)) => batch.active.push(Active {
                     index: w.index,
@@ -280,7 +318,9 @@ impl<B: Backend> Engine<B> {
                     logits,
                     device_choice: None,
                     cache,
-                    out: empty_generation(),
+                    out: w.out,
+                    seq: w.seq,
+                    cached,
                 }),
                 Err(e) => {
                     on_event(Event::Done {
@@ -300,7 +340,7 @@ impl<B: Backend> Engine<B> {
         &mut self,
         batch: &mut Batch<B::Cache>,
         index: usize,
-        mut req: GenRequest,
+        req: GenRequest,
         on_event: &mut dyn FnMut(Event) -> Flow,
     ) {
         let sampler = match Sampler::new(req.params.clone()) {
@@ -322,8 +362,9 @@ impl<B: Backend> Engine<B> {
         }
         // A request that would outgrow a fixed-size cache fails now, alone, rather than
         // failing the decode step it would share with others (the last token is never fed
-        // back, so it needs no position).
-        if let Some(cap) = self.backend.max_positions() {
+        // back, so it needs no position). A paged pool bounds it by the whole pool: such a
+        // request can always finish, alone if need be.
+        if let Some(cap) = self.backend.kv_capacity().max_positions() {
             let need = req.prompt_ids.len() + req.max_new_tokens - 1;
             if need > cap {
                 on_event(Event::Done {
@@ -338,44 +379,21 @@ impl<B: Backend> Engine<B> {
                 return;
             }
         }
-        if let Some(stage) = self.vision.as_mut().filter(|_| !req.images.is_empty()) {
-            // The stage prefills too when it can and the backend sets a sequence aside.
-            let prefill = stage
-                .prefills()
-                .then(|| self.backend.reserve(req.prompt_ids.len()))
-                .flatten()
-                .map(|cache| PrefillJob {
-                    prompt_ids: req.prompt_ids.clone(),
-                    image_token_id: self.image_token_id,
-                    cache,
-                });
-            let reserved = prefill.is_some();
-            let ticket = stage.submit(std::mem::take(&mut req.images), prefill);
-            batch.waiting.push_back(Waiting {
-                index,
-                req,
-                sampler,
-                ticket,
-                reserved,
-            });
-            return;
-        }
-        match self.prefill(&req) {
-            Ok((logits, cache)) => batch.active.push(Active {
-                index,
-                req,
-                sampler,
-                logits,
-                device_choice: None,
-                cache,
-                out: empty_generation(),
-            }),
-            Err(e) => {
-                on_event(Event::Done {
-                    index,
-                    result: &Err(EngineError::Runtime(e.to_string())),
-                });
-            }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let queued = admission::Queued {
+            index,
+            req,
+            sampler,
+            out: empty_generation(),
+            seq,
+        };
+        if self.backend.kv_capacity().block_size().is_some() {
+            // Started now if its prompt's blocks are free, else when pages give theirs back.
+            batch.queued.push_back(queued);
+            self.start_queued(batch, on_event);
+        } else {
+            self.start(batch, queued, 0, on_event);
         }
     }
 
@@ -384,6 +402,7 @@ impl<B: Backend> Engine<B> {
     /// request in `batch`, finished requests retired (`Done`), then one decoder step for the
     /// rest. A decoder failure fails every request of the step.
     pub fn step(&mut self, batch: &mut Batch<B::Cache>, on_event: &mut dyn FnMut(Event) -> Flow) {
+        self.start_queued(batch, on_event);
         self.start_encoded(batch, on_event);
         let mut keep = Vec::with_capacity(batch.active.len());
         for mut a in batch.active.drain(..) {
@@ -456,6 +475,7 @@ impl<B: Backend> Engine<B> {
                 keep.push(a);
             }
         }
+        let keep = self.preempt_for_growth(batch, keep);
         if keep.is_empty() {
             return;
         }
@@ -468,7 +488,7 @@ impl<B: Backend> Engine<B> {
         let mut caches = Vec::with_capacity(keep.len());
         for a in keep {
             caches.push(a.cache);
-            metas.push((a.index, a.req, a.sampler, a.out));
+            metas.push((a.index, a.req, a.sampler, a.out, a.seq, a.cached + 1));
         }
         match self.backend.decode_batch_select(&tokens, caches, &need) {
             Ok((logits, caches)) => {
@@ -508,6 +528,8 @@ impl<B: Backend> Engine<B> {
                         device_choice,
                         cache: c,
                         out: m.3,
+                        seq: m.4,
+                        cached: m.5,
                     });
                 }
             }
@@ -567,3 +589,6 @@ mod tests;
 
 #[cfg(test)]
 mod flow_tests;
+
+#[cfg(test)]
+mod paged_tests;

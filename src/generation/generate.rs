@@ -68,12 +68,31 @@ pub fn prefill<B: Backend>(
     image_token_id: u32,
     features: &[Array2<f32>],
 ) -> Result<(Vec<f32>, B::Cache), BackendError> {
-    let e = prompt_embeds(
+    prefill_resumed(backend, prompt_ids, image_token_id, features, &[])
+}
+
+/// [`prefill`] of a request that had generated `generated` before its cache was taken from
+/// it (a paged cache's preemption by recompute): the prompt as [`prefill`] makes it, then the
+/// generated tokens' embeddings (never image rows, whatever their ids), in one decoder run.
+/// The logits are those the next decode step would have given.
+pub fn prefill_resumed<B: Backend>(
+    backend: &mut B,
+    prompt_ids: &[u32],
+    image_token_id: u32,
+    features: &[Array2<f32>],
+    generated: &[u32],
+) -> Result<(Vec<f32>, B::Cache), BackendError> {
+    let mut e = prompt_embeds(
         |ids| backend.embed(ids),
         prompt_ids,
         image_token_id,
         features,
     )?;
+    if !generated.is_empty() {
+        let g = backend.embed(generated)?;
+        e = ndarray::concatenate(ndarray::Axis(0), &[e.view(), g.view()])
+            .map_err(|err| BackendError::Invalid(format!("resumed prompt: {err}")))?;
+    }
     backend.forward(e, None)
 }
 

@@ -85,6 +85,60 @@ pub trait PagePrefill<C>: Send {
     fn prefill(&mut self, embeds: Array2<f32>, cache: C) -> Result<(Vec<f32>, C), BackendError>;
 }
 
+/// How a backend holds its KV cache, and what it has free now.
+///
+/// The merged decoder's caches grow per sequence; the GQA decoder allocates a slot of
+/// `max_sequence_length` positions per sequence once; the paged decoder gives sequences blocks
+/// as they grow, so pages in flight follow memory rather than the longest page allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCapacity {
+    /// Caches grow per sequence, with no fixed pool.
+    Unbounded,
+    /// A fixed number of sequences of `positions` each; `free` of them unused.
+    Slots { free: usize, positions: usize },
+    /// A pool of `total` blocks of `block_size` positions, `free` of them unused; one
+    /// sequence holds at most `positions`.
+    Blocks {
+        free: usize,
+        total: usize,
+        block_size: usize,
+        positions: usize,
+    },
+}
+
+impl KvCapacity {
+    /// Positions one sequence can ever hold (`None`: no bound from the cache). A paged pool
+    /// smaller than `positions` bounds a sequence by the whole pool.
+    pub fn max_positions(&self) -> Option<usize> {
+        match *self {
+            KvCapacity::Unbounded => None,
+            KvCapacity::Slots { positions, .. } => Some(positions),
+            KvCapacity::Blocks {
+                total,
+                block_size,
+                positions,
+                ..
+            } => Some(positions.min(total * block_size)),
+        }
+    }
+
+    /// Free sequences (slots) or blocks; `None` when unbounded.
+    pub fn free(&self) -> Option<usize> {
+        match *self {
+            KvCapacity::Unbounded => None,
+            KvCapacity::Slots { free, .. } | KvCapacity::Blocks { free, .. } => Some(free),
+        }
+    }
+
+    /// Positions per block when the cache is paged.
+    pub fn block_size(&self) -> Option<usize> {
+        match *self {
+            KvCapacity::Blocks { block_size, .. } => Some(block_size),
+            _ => None,
+        }
+    }
+}
+
 /// Each sequence's logits and extended cache after a decode step, in order.
 pub type BatchLogits<C> = (Vec<Vec<f32>>, Vec<C>);
 
@@ -154,16 +208,10 @@ pub trait Backend {
         None
     }
 
-    /// Positions one sequence may hold when the backend's cache has a fixed size per
-    /// sequence; `None` when caches grow as needed.
-    fn max_positions(&self) -> Option<usize> {
-        None
-    }
-
-    /// How many more sequences the backend's cache can take now, when it has a fixed number
-    /// (a KV cache allocated once); `None` when caches grow per sequence without a fixed pool.
-    fn free_sequences(&self) -> Option<usize> {
-        None
+    /// What the KV cache holds and has free now: the one question the engine asks before it
+    /// admits a request and before each decode step ([`KvCapacity`]).
+    fn kv_capacity(&self) -> KvCapacity {
+        KvCapacity::Unbounded
     }
 
     /// [`Backend::decode_batch`], where `need[i]` says what row `i` needs: a backend that

@@ -5,12 +5,12 @@
 //! its width, so merged image rows are visible in the output. The next token is a rule over
 //! every input so far (see [`FakeBackend::new`]); its logit is [`FakeBackend::peak`], all
 //! others 0. The other knobs add a delay, a panic or empty logits, a fixed number of cache
-//! slots, an image encoder and a page prefill for a vision stage, an image it refuses and
+//! slots or a pool of blocks taken as sequences grow, an image encoder and a page prefill for a vision stage, an image it refuses and
 //! device-side argmax and sampling candidates; the public counters say how it was called.
 
 use crate::model::preprocess::Pixels;
 use crate::runtime::backend::{
-    Backend, BackendError, BatchLogits, ImageEncoder, PagePrefill, RowNeed, StepLogits,
+    Backend, BackendError, BatchLogits, ImageEncoder, KvCapacity, PagePrefill, RowNeed, StepLogits,
 };
 use ndarray::{Array2, Array4};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +32,8 @@ pub struct FakeBackend {
     slots: Option<usize>,
     /// One clone per live cache: the strong count says how many slots are taken.
     held: Arc<()>,
+    /// A paged cache's block pool ([`FakeBackend::blocks`]).
+    pool: Option<Arc<BlockPool>>,
     offers_encoder: bool,
     offers_prefill: bool,
     /// Prefills run by the stage's handle ([`FakeBackend::with_page_prefill`]).
@@ -66,6 +68,7 @@ impl FakeBackend {
             empty_logits_for: None,
             slots: None,
             held: Arc::new(()),
+            pool: None,
             offers_encoder: false,
             offers_prefill: false,
             stage_prefills: Arc::new(AtomicUsize::new(0)),
@@ -124,10 +127,30 @@ impl FakeBackend {
     }
 
     /// A cache of `n` sequences allocated once: a prefill takes a slot, dropping the cache
-    /// frees it, and [`Backend::free_sequences`] reports what is left.
+    /// frees it, and [`Backend::kv_capacity`] reports what is left.
     pub fn slots(mut self, n: usize) -> FakeBackend {
         self.slots = Some(n);
         self
+    }
+
+    /// A paged cache: a pool of `total` blocks of `block_size` positions (one per input row),
+    /// taken as a sequence grows and given back when its cache is dropped. A run that needs a
+    /// block when none is free fails, as a real pool would, so a scheduler that over-commits
+    /// is caught.
+    pub fn blocks(mut self, total: usize, block_size: usize) -> FakeBackend {
+        self.pool = Some(Arc::new(BlockPool {
+            total,
+            block_size,
+            used: AtomicUsize::new(0),
+        }));
+        self
+    }
+
+    /// Blocks held by live caches ([`FakeBackend::blocks`]).
+    pub fn taken_blocks(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or(0, |p| p.used.load(Ordering::Relaxed))
     }
 
     /// Offers an image encoder for a vision stage ([`Backend::image_encoder`]); it sleeps
@@ -177,10 +200,57 @@ impl FakeBackend {
     }
 }
 
-/// A sequence's cache: every input row so far, and its slot while it lives.
+/// A sequence's cache: every input row so far, and its slot or blocks while it lives.
 pub struct FakeCache {
     history: Vec<f32>,
     _slot: Arc<()>,
+    /// The pool and how many of its blocks this cache holds.
+    blocks: Option<(Arc<BlockPool>, usize)>,
+}
+
+impl FakeCache {
+    fn new(slot: Arc<()>, pool: Option<&Arc<BlockPool>>) -> FakeCache {
+        FakeCache {
+            history: Vec::new(),
+            _slot: slot,
+            blocks: pool.map(|p| (p.clone(), 0)),
+        }
+    }
+
+    /// Appends `rows` to the history, taking the blocks they need first.
+    fn extend(&mut self, rows: impl Iterator<Item = f32> + Clone) -> Result<(), BackendError> {
+        if let Some((pool, held)) = self.blocks.as_mut() {
+            let need = (self.history.len() + rows.clone().count()).div_ceil(pool.block_size);
+            let more = need.saturating_sub(*held);
+            let taken = pool.used.fetch_add(more, Ordering::Relaxed);
+            if taken + more > pool.total {
+                pool.used.fetch_sub(more, Ordering::Relaxed);
+                return Err(BackendError::Invalid(format!(
+                    "no free KV block: {more} more needed, {} of {} free",
+                    pool.total - taken,
+                    pool.total
+                )));
+            }
+            *held += more;
+        }
+        self.history.extend(rows);
+        Ok(())
+    }
+}
+
+impl Drop for FakeCache {
+    fn drop(&mut self) {
+        if let Some((pool, held)) = self.blocks.take() {
+            pool.used.fetch_sub(held, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The fake's paged pool: blocks in use, counted.
+struct BlockPool {
+    total: usize,
+    block_size: usize,
+    used: AtomicUsize,
 }
 
 /// The fake's stage prefill: the model's rule over the prompt, into a reserved slot.
@@ -209,7 +279,7 @@ impl PagePrefill<FakeCache> for RulePrefill {
             ));
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        cache.history.extend(e.iter());
+        cache.extend(e.iter().copied())?;
         let mut logits = vec![0.0; self.vocab];
         logits[(self.rule)(&cache.history) as usize] = self.peak;
         Ok((logits, cache))
@@ -279,14 +349,27 @@ impl Backend for FakeBackend {
     }
 
     fn reserve(&mut self, _positions: usize) -> Option<FakeCache> {
-        (self.free_sequences()? > 0).then(|| FakeCache {
-            history: Vec::new(),
-            _slot: self.held.clone(),
-        })
+        let free = self.slots? - self.taken_slots();
+        (free > 0).then(|| FakeCache::new(self.held.clone(), None))
     }
 
-    fn free_sequences(&self) -> Option<usize> {
-        self.slots.map(|n| n.saturating_sub(self.taken_slots()))
+    fn kv_capacity(&self) -> KvCapacity {
+        if let Some(p) = &self.pool {
+            let used = p.used.load(Ordering::Relaxed);
+            return KvCapacity::Blocks {
+                free: p.total.saturating_sub(used),
+                total: p.total,
+                block_size: p.block_size,
+                positions: p.total * p.block_size,
+            };
+        }
+        match self.slots {
+            Some(n) => KvCapacity::Slots {
+                free: n.saturating_sub(self.taken_slots()),
+                positions: usize::MAX,
+            },
+            None => KvCapacity::Unbounded,
+        }
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
@@ -310,16 +393,13 @@ impl Backend for FakeBackend {
         let mut cache = match cache {
             Some(c) => c,
             None => {
-                if self.free_sequences() == Some(0) {
+                if self.slots.is_some_and(|n| self.taken_slots() >= n) {
                     return Err(BackendError::Invalid("no free cache slot".into()));
                 }
-                FakeCache {
-                    history: Vec::new(),
-                    _slot: self.held.clone(),
-                }
+                FakeCache::new(self.held.clone(), self.pool.as_ref())
             }
         };
-        cache.history.extend(e.iter());
+        cache.extend(e.iter().copied())?;
         let history = &cache.history;
         if prefill
             && self

@@ -32,7 +32,7 @@ pub use kv::OrtCache;
 pub use load::fast_8bit_caches;
 
 use crate::runtime::backend::{
-    Backend, BackendError, ImageEncoder, PagePrefill, RowNeed, StepLogits,
+    Backend, BackendError, ImageEncoder, KvCapacity, PagePrefill, RowNeed, StepLogits,
 };
 use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
@@ -172,7 +172,7 @@ impl OrtModel {
 
     /// Sequences and positions per sequence of the GQA decoder's KV cache (`None` on the
     /// merged decoder, whose caches grow with each sequence).
-    pub fn kv_capacity(&self) -> Option<(usize, usize)> {
+    pub fn kv_slots(&self) -> Option<(usize, usize)> {
         self.gqa.as_ref().map(|g| (g.slots, g.max_seq))
     }
 
@@ -319,12 +319,14 @@ impl Backend for OrtModel {
         Ok((last, OrtCache::own(kv, past + s)))
     }
 
-    fn max_positions(&self) -> Option<usize> {
-        self.gqa.as_ref().map(|g| g.max_seq)
-    }
-
-    fn free_sequences(&self) -> Option<usize> {
-        self.gqa.as_ref().map(|g| g.free())
+    fn kv_capacity(&self) -> KvCapacity {
+        match self.gqa.as_ref() {
+            Some(g) => KvCapacity::Slots {
+                free: g.free(),
+                positions: g.max_seq,
+            },
+            None => KvCapacity::Unbounded,
+        }
     }
 
     fn decode_batch_select(
