@@ -131,7 +131,7 @@ fn padded_query_heads_change_nothing() {
 }
 
 /// An int8 KV cache on the CPU (ONNX Runtime's CPU kernel takes int8; fp8 runs on CUDA only,
-/// checked by scripts/gpu_kv_cache.sh): the cache is allocated at one byte per element, a
+/// checked by scripts/gpu/gpu_kv_cache.sh): the cache is allocated at one byte per element, a
 /// quarter of the fp32 cache, and the first 16 greedy ids of every fixture image are the
 /// reference's. Not all 40: this tiny model's top logits lie close, and one scale per tensor
 /// (0.1 here) moves a few of them past each other late in some pages.

@@ -78,8 +78,9 @@ const ROTARY_BLOCK_CHANNELS: usize = 256;
 /// blocks, 137 280 of them on an A4 page, and the kernel ran at ~0.4 TB/s (4.1 ms of the
 /// encoder's 37 ms, `docs/benchmarks/2026-12-04-h200`). The kernel takes the block width from
 /// the tables' width, so wider tables give it wider blocks over the same data. On the H200
-/// (`scripts/gpu_rotary_probe.py`, one rotation of an A4 page's Q): 84 µs in 64-channel
-/// blocks, 47 in 256, 49 in 512, 65 in 1024. ONNX Runtime refuses blocks over 1024.
+/// (`docs/benchmarks/2026-12-04-h200/gpu_rotary_probe.py`, one rotation of an A4 page's Q):
+/// 84 µs in 64-channel blocks, 47 in 256, 49 in 512, 65 in 1024. ONNX Runtime refuses blocks
+/// over 1024.
 fn rotary_group(heads: usize, head_dim: usize) -> usize {
     (1..=heads)
         .rev()
@@ -184,7 +185,8 @@ fn rope_inputs(
         // Ids 0..S into those rows, [1, S]. Not ONNX Runtime's one-start-position form
         // (`[0]`, "format 0"): with it, this encoder's features went wrong on CUDA (ONNX
         // Runtime 1.31.1; the fixture's CUDA parity failed on every page) though the CPU gave
-        // the reference's and the op alone was right on CUDA (scripts/gpu_rotary_probe.py).
+        // the reference's and the op alone was right on CUDA
+        // (docs/benchmarks/2026-12-04-h200/gpu_rotary_probe.py).
         let count = g.op("Shape", &[&pos], &[]);
         let count = g.op("Squeeze", &[&count, &sq_axes], &[]);
         let ids = g.op("Range", &[&zero, &count, &one], &[]);

@@ -15,7 +15,7 @@
 //! the vision stage and CUDA graphs on, fp16 cache): the decoder's input synchronisation
 //! failed with that error while the stage's thread ran a page of a size not seen before, and
 //! that run failed in cuDNN's `execute` of its first convolution; the process had no capture
-//! of its own open then (scripts/capture_shim.c logged every one through the CUDA runtime:
+//! of its own open then (scripts/gpu/capture_shim.c logged every one through the CUDA runtime:
 //! the decode graphs', all ended at load), so the capture was most likely cuDNN's own (its
 //! runtime is linked in, out of the shim's sight), on a new shape. Runs of
 //! sizes already seen never collided. So the first run of each input shape holds the lock

@@ -41,12 +41,12 @@ impl Vision {
 /// Page-locked (pinned) host memory for the pixels, from the CUDA provider's allocator,
 /// grown to the largest image so far and reused for every smaller one.
 ///
-/// Why: CUDA copies pageable memory to the device through its own bounce buffers, ~3 ms for
-/// an A4 page's 19 MiB on the H200 against 0.4 ms from pinned memory, and the vision run
-/// waits for it (`scripts/gpu_vision_io.py`: 42.6 ms with pageable pixels, 39.5 pinned). The
-/// float32 values are written straight into it from the page's 8-bit pixels
-/// ([`Pixels::write_nchw`], on a few threads), which costs less than what it saves. Growing
-/// only, pages of changing sizes do not allocate (and zero) pinned memory each time.
+/// Why: CUDA copies pageable memory to the device through its own bounce buffers, ~3 ms for an A4
+/// page's 19 MiB on the H200 against 0.4 ms from pinned memory, and the vision run waits for it
+/// (`docs/benchmarks/2026-12-04-h200/gpu_vision_io.py`: 42.6 ms with pageable pixels, 39.5 pinned).
+/// The float32 values are written straight into it from the page's 8-bit pixels
+/// ([`Pixels::write_nchw`], on a few threads), which costs less than what it saves. Growing only,
+/// pages of changing sizes do not allocate (and zero) pinned memory each time.
 struct Staging {
     allocator: Allocator,
     buffer: Option<Tensor<f32>>,
