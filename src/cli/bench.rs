@@ -327,6 +327,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "kv_cache": engine.backend.kv_slots().map(|(s, p)| json!({"sequences": s, "positions": p})),
         "gpu_memory": gpu.total.json(),
         "kv": kv_json(&engine.backend),
+        "engine": {
+            "decode_steps": engine.stats.steps,
+            "overlapped_steps": engine.stats.overlapped_steps,
+            "preemptions": engine.stats.preemptions,
+        },
         "results": rows,
         "batch_sweep": sweep,
     });

@@ -187,6 +187,19 @@ pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
     (logits[id as usize] as f64 - log_sum_exp(logits)) as f32
 }
 
+/// Counters of an [`Engine`]'s work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Decode steps run.
+    pub steps: u64,
+    /// Decode steps run while pages were on the vision stage (encoded or prefilled beside
+    /// the decoding batch): how much of the stage's work overlapped decoding.
+    pub overlapped_steps: u64,
+    /// Pages a paged cache preempted (their blocks given back, their prompt and tokens
+    /// recomputed later).
+    pub preemptions: u64,
+}
+
 /// The scheduler. `max_batch` bounds how many requests decode together.
 pub struct Engine<B: Backend> {
     pub backend: B,
@@ -196,9 +209,8 @@ pub struct Engine<B: Backend> {
     /// [`crate::runtime::backend::PagePrefill`], on another thread while the batch decodes
     /// ([`crate::generation::vision`]); `None` does both during admission.
     pub vision: Option<VisionStage<B::Cache>>,
-    /// Pages a paged cache preempted so far (their blocks given back, their prompt and
-    /// tokens recomputed later).
-    pub preemptions: usize,
+    /// What the engine has done so far, for `/metrics` and `bench`.
+    pub stats: EngineStats,
     /// Arrival order of the next request.
     next_seq: u64,
 }
@@ -216,7 +228,7 @@ impl<B: Backend> Engine<B> {
             max_batch,
             image_token_id,
             vision,
-            preemptions: 0,
+            stats: EngineStats::default(),
             next_seq: 0,
         }
     }
@@ -490,6 +502,8 @@ impl<B: Backend> Engine<B> {
             caches.push(a.cache);
             metas.push((a.index, a.req, a.sampler, a.out, a.seq, a.cached + 1));
         }
+        self.stats.steps += 1;
+        self.stats.overlapped_steps += u64::from(!batch.waiting.is_empty());
         match self.backend.decode_batch_select(&tokens, caches, &need) {
             Ok((logits, caches)) => {
                 for (row, ((mut m, l), c)) in metas.into_iter().zip(logits).zip(caches).enumerate()

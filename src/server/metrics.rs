@@ -124,6 +124,7 @@ pub struct EngineGauges {
     pub load_tokens: u64,
     pub admitted: u64,
     pub generated: u64,
+    pub activity: super::queue::Activity,
 }
 
 impl Metrics {
@@ -237,7 +238,7 @@ impl Metrics {
             g.body_peak_bytes as f64,
         );
         type Field = fn(&EngineGauges) -> f64;
-        let per_engine: [(&str, &str, &str, Field); 5] = [
+        let per_engine: [(&str, &str, &str, Field); 12] = [
             (
                 "ocrctl_engine_ready",
                 "gauge",
@@ -267,6 +268,48 @@ impl Metrics {
                 "counter",
                 "Tokens this device's engine generated.",
                 |e| e.generated as f64,
+            ),
+            (
+                "ocrctl_engine_pages_decoding",
+                "gauge",
+                "Pages in this device's decode step.",
+                |e| e.activity.decoding as f64,
+            ),
+            (
+                "ocrctl_engine_pages_staging",
+                "gauge",
+                "Pages whose images are encoded (or prompts prefilled) beside the decode steps.",
+                |e| e.activity.staging as f64,
+            ),
+            (
+                "ocrctl_engine_pages_waiting_for_kv",
+                "gauge",
+                "Pages waiting for KV cache blocks: new, or preempted to be recomputed.",
+                |e| e.activity.queued_for_kv as f64,
+            ),
+            (
+                "ocrctl_engine_kv_free",
+                "gauge",
+                "Free KV cache slots (GQA) or blocks (paged); -1 when caches grow without a pool.",
+                |e| e.activity.kv_free.map_or(-1.0, |f| f as f64),
+            ),
+            (
+                "ocrctl_engine_decode_steps_total",
+                "counter",
+                "Decode steps run.",
+                |e| e.activity.stats.steps as f64,
+            ),
+            (
+                "ocrctl_engine_overlapped_steps_total",
+                "counter",
+                "Decode steps run while pages were encoded or prefilled beside them.",
+                |e| e.activity.stats.overlapped_steps as f64,
+            ),
+            (
+                "ocrctl_engine_preemptions_total",
+                "counter",
+                "Pages preempted by a full paged KV cache (recomputed later).",
+                |e| e.activity.stats.preemptions as f64,
             ),
         ];
         for (name, kind, help, f) in per_engine {
@@ -334,6 +377,17 @@ mod tests {
                     load_tokens: 100,
                     admitted: 5 + i as u64,
                     generated: 40,
+                    activity: super::super::queue::Activity {
+                        decoding: 2,
+                        staging: 1,
+                        queued_for_kv: 0,
+                        kv_free: (i == 0).then_some(7),
+                        stats: crate::generation::engine::EngineStats {
+                            steps: 30,
+                            overlapped_steps: 12,
+                            preemptions: 0,
+                        },
+                    },
                 })
                 .collect(),
         });
@@ -342,6 +396,10 @@ mod tests {
         ));
         assert!(text.contains("# TYPE ocrctl_engine_requests_total counter\nocrctl_engine_requests_total{device=\"cpu:0\"} 5\n"));
         assert!(text.contains("ocrctl_engine_batch_size{device=\"cpu:1\"} 2\n"));
+        assert!(text.contains("ocrctl_engine_overlapped_steps_total{device=\"cpu:0\"} 12\n"));
+        assert!(text.contains(
+            "ocrctl_engine_kv_free{device=\"cpu:0\"} 7\nocrctl_engine_kv_free{device=\"cpu:1\"} -1\n"
+        ));
         assert!(text.contains("ocrctl_image_decode_peak_bytes 7\n"));
         assert!(text.contains("ocrctl_request_body_peak_bytes 2048\n"));
         assert!(

@@ -47,6 +47,22 @@ pub struct EngineSlot {
     pub admitted: AtomicU64,
     /// Tokens it generated since start.
     pub generated: AtomicU64,
+    /// Where its pages are and what its engine has done, as of its last step.
+    pub activity: Mutex<Activity>,
+}
+
+/// An engine's pages by stage and its counters, published after each step for `/metrics`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Activity {
+    /// Pages in the decode batch.
+    pub decoding: usize,
+    /// Pages whose images are being encoded (or prompts prefilled) beside it.
+    pub staging: usize,
+    /// Pages waiting for KV blocks (new, or preempted).
+    pub queued_for_kv: usize,
+    /// Free KV slots or blocks (`None`: caches grow without a pool).
+    pub kv_free: Option<usize>,
+    pub stats: crate::generation::engine::EngineStats,
 }
 
 impl EngineSlot {
@@ -60,6 +76,7 @@ impl EngineSlot {
             load_tokens: AtomicU64::new(0),
             admitted: AtomicU64::new(0),
             generated: AtomicU64::new(0),
+            activity: Mutex::new(Activity::default()),
         }
     }
 

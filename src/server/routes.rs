@@ -101,6 +101,7 @@ pub async fn metrics(State(st): St) -> Response {
                 load_tokens: e.load_tokens.load(Ordering::Relaxed),
                 admitted: e.admitted.load(Ordering::Relaxed),
                 generated: e.generated.load(Ordering::Relaxed),
+                activity: *e.activity.lock().unwrap_or_else(|p| p.into_inner()),
             })
             .collect(),
     });

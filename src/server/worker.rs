@@ -198,8 +198,21 @@ pub fn run_worker<B: Backend>(
                 .store((n as f64 / secs).to_bits(), Ordering::Relaxed);
         }
         slot.batch_size.store(batch.len(), Ordering::Relaxed);
+        publish_activity(slot, &engine, &batch);
         shared.prune();
     }
+}
+
+/// Publishes where engine `slot`'s pages are and its counters, for `/metrics`.
+fn publish_activity<B: Backend>(slot: &EngineSlot, engine: &Engine<B>, batch: &Batch<B::Cache>) {
+    let a = super::queue::Activity {
+        decoding: batch.decoding(),
+        staging: batch.waiting(),
+        queued_for_kv: batch.queued(),
+        kv_free: engine.backend.kv_capacity().free(),
+        stats: engine.stats,
+    };
+    *slot.activity.lock().unwrap_or_else(|e| e.into_inner()) = a;
 }
 
 fn on_event(

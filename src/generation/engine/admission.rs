@@ -200,7 +200,7 @@ impl<B: Backend> Engine<B> {
                 .max_by_key(|i| keep[*i].seq)
                 .expect("more than one page");
             let a = keep.remove(youngest);
-            self.preemptions += 1;
+            self.stats.preemptions += 1;
             tracing::debug!(
                 index = a.index,
                 tokens = a.out.token_ids.len(),

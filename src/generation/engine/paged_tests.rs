@@ -69,7 +69,7 @@ fn preempted_pages_resume_with_the_ids_they_would_have_had() {
         let want: Vec<Vec<u32>> = reqs.iter().map(expected).collect();
         assert_eq!(ids(&out), want, "stage {stage}");
         assert!(
-            e.preemptions > 0,
+            e.stats.preemptions > 0,
             "the pool was never short (stage {stage})"
         );
         assert_eq!(e.backend.taken_blocks(), 0, "blocks leaked (stage {stage})");
@@ -203,6 +203,6 @@ fn random_run(stage: bool) {
         "{} joined, {cancelled} cancelled, {finished} finished",
         reqs.len()
     );
-    assert!(e.preemptions > 20, "{} preemptions", e.preemptions);
+    assert!(e.stats.preemptions > 20, "{} preemptions", e.stats.preemptions);
     assert_eq!(e.backend.taken_blocks(), 0, "blocks leaked (stage {stage})");
 }
