@@ -9,6 +9,7 @@
 //! (the browser page, the `openai` client, PDF uploads). This file holds the shared helpers.
 
 mod answers;
+mod bench;
 mod clients;
 #[path = "../common/mod.rs"]
 mod common;
