@@ -1,4 +1,4 @@
-//! scripts/serve_bench.py (the steady-state serving benchmark) against the fixture server:
+//! scripts/serve_bench/serve_bench.py (the steady-state serving benchmark) against the fixture server:
 //! its page accounting agrees with the server's, and a page that did not get its forced
 //! tokens is a failure. No timing is asserted.
 
@@ -18,7 +18,7 @@ fn python3(test: &str) -> bool {
 }
 
 fn serve_bench(args: &[&str]) -> std::process::Output {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/serve_bench.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/serve_bench/serve_bench.py");
     Command::new("python3")
         .arg(script)
         .args(args)

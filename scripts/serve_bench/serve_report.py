@@ -1,4 +1,4 @@
-"""Figures of scripts/serve_bench.py's runs (standard library only).
+"""Figures of scripts/serve_bench/serve_bench.py's runs (standard library only).
 
 - `run_stats(records, samples)`: one run's pages/s, tokens/s, TTFT and page-latency
   percentiles, failures, peak GPU memory.

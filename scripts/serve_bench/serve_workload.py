@@ -1,4 +1,4 @@
-"""The page workload of scripts/serve_bench.py (standard library only).
+"""The page workload of scripts/serve_bench/serve_bench.py (standard library only).
 
 - `load_workload(path)`: the workload file (benchmarks/workloads/ocr-pages.yaml's shape) as a
   checked `Workload`. YAML is read by a small parser for the subset that file uses (block

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The steady-state serving benchmark (issue 37 items 3, 4, 5, 7) on the GPU machine (device
 # tool): for each engine in ENGINES and KV cache in KVS, starts the server on the same random
-# full-size checkpoint (CKPT), waits for /health, runs scripts/serve_bench.py once per load point
+# full-size checkpoint (CKPT), waits for /health, runs scripts/serve_bench/serve_bench.py once per load point
 # in LOADS (each RUNS times), stops the server, and waits for its GPU memory to go back.
 #   ocrctl: `ocrctl serve` on an export of CKPT (the profile's precision, `--kv-cache auto|fp8`),
 #           `--profile` 80gb for MEM=full, 16gb for MEM=16 (arena and KV budget of 16 GiB).
@@ -18,7 +18,7 @@
 # point that would not finish within BUDGET_S of the call's start is skipped and named, so that a
 # later call runs it. Calls add to the same RES, and the summary covers every run there.
 #
-# Needs: ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst as for scripts/gpu_env.sh; for vLLM,
+# Needs: ONNX Runtime's GPU parts and .ortgpu/ocrctl.zst as for scripts/gpu/gpu_env.sh; for vLLM,
 # `.vllm/vllm_anchor.sh install` done on this machine (../shared/GPU.md: parts carried, then
 # install) and the checkpoint CKPT (`.vllm/vllm_anchor.sh ckpt` makes it; this script runs that
 # when CKPT is missing and .vllm is there).
@@ -31,7 +31,7 @@
 # (/opt/vllmenv), WORKLOAD (benchmarks/workloads/ocr-pages.yaml), DRY_RUN=1 (print what would
 # run, start nothing; works without a GPU).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 RES=${RES:-/tmp/serve-bench}
 DRY=${DRY_RUN:-0}
@@ -57,7 +57,7 @@ if [ "$DRY" = 1 ]; then
   BIN=${BIN:-target/release/ocrctl}
   TOTAL_MIB=143771
 else
-  . scripts/gpu_env.sh
+  . scripts/gpu/gpu_env.sh
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/gpu.txt"
   TOTAL_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 fi
@@ -70,7 +70,7 @@ else
 fi
 # The workload's page sizes, for ocrctl's --warm-up (vLLM has none; serve_bench.py sends one
 # untimed page of each size to both first).
-SIZES=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import serve_workload as w
+SIZES=$(python3 -c "import sys; sys.path.insert(0, 'scripts/serve_bench'); import serve_workload as w
 print(','.join(f'{a}x{b}' for a, b, _ in w.load_workload('$WL').sizes))") || exit 2
 
 pack() {
@@ -132,7 +132,7 @@ points() {
       continue
     fi
     [ "$DRY" = 1 ] && DRY_CLOCK=$((DRY_CLOCK + est))
-    run python3 scripts/serve_bench.py run --url "http://127.0.0.1:$PORT" --engine "$engine" \
+    run python3 scripts/serve_bench/serve_bench.py run --url "http://127.0.0.1:$PORT" --engine "$engine" \
       --kv-cache "$kv" --memory-gib "$MEM_LABEL" --server-pid "$pid" "$flag" "${p:1}" \
       --runs "$RUNS" --duration "$DURATION" --workload "$WL" --out "$RES/bench" \
       "${extra[@]}" "${notes[@]}" 2>&1 | grep -v "^|" | tail -"$((RUNS + 2))"
@@ -219,4 +219,4 @@ for engine in $ENGINES; do
     pack
   done
 done
-[ "$DRY" = 1 ] || { python3 scripts/serve_bench.py summarize "$RES/bench" >/dev/null 2>&1 && pack && cat "$RES/bench/summary.md"; }
+[ "$DRY" = 1 ] || { python3 scripts/serve_bench/serve_bench.py summarize "$RES/bench" >/dev/null 2>&1 && pack && cat "$RES/bench/summary.md"; }
