@@ -299,6 +299,14 @@ impl Document {
             DocKind::Pdf { pages } => pages,
         }
     }
+
+    /// How messages name page `page` (0-based): the file, plus the page number for a PDF.
+    pub fn page_name(&self, page: usize) -> String {
+        match self.kind {
+            DocKind::Image => self.path.display().to_string(),
+            DocKind::Pdf { .. } => format!("{}: page {}", self.path.display(), page + 1),
+        }
+    }
 }
 
 /// Loads pages on demand, keeping the PDF being read open (and only that one).
