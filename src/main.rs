@@ -35,7 +35,8 @@ enum Command {
     Export(cli::export::ExportArgs),
     /// OCR images and PDFs (files, folders, glob patterns) with an exported model.
     Ocr(cli::ocr::OcrArgs),
-    /// Compare a candidate export (e.g. int4) with a reference (e.g. fp32), teacher-forced.
+    /// Compare a candidate export (e.g. int4) with a reference (e.g. fp32), teacher-forced;
+    /// or, with --truth DIR, score exports' text against expected texts (CER, WER).
     Eval(cli::eval::EvalArgs),
     /// Time the vision encoder, prefill and decoding on synthetic pages.
     Bench(cli::bench::BenchArgs),

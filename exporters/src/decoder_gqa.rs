@@ -53,24 +53,33 @@ pub(crate) fn check_attention(
     what: &str,
     op: &str,
 ) -> Result<(), ExportError> {
-    let t = &cfg.text;
     if target != Target::Ort {
         return Err(ExportError::Invalid(format!(
             "the {what} decoder uses ONNX Runtime's {op}: export it with --target ort"
         )));
     }
-    if !t.head_dim.is_multiple_of(16)
-        || t.num_kv_heads == 0
-        || !t.num_heads.is_multiple_of(t.num_kv_heads)
-    {
+    if let Some(problem) = shape_problem(cfg) {
         return Err(ExportError::Invalid(format!(
-            "the {what} decoder needs head_dim a multiple of 16 and num_attention_heads a \
-             multiple of num_key_value_heads (this model: head_dim {}, {} heads, {} KV heads); \
-             export --decoder merged",
-            t.head_dim, t.num_heads, t.num_kv_heads
+            "the {what} decoder {problem}; export --decoder merged"
         )));
     }
     Ok(())
+}
+
+/// What in this model's attention shape GQA's (and PagedAttention's) kernels cannot take, or
+/// `None` (see [`check`]).
+pub fn shape_problem(cfg: &ModelConfig) -> Option<String> {
+    let t = &cfg.text;
+    let fits = t.head_dim.is_multiple_of(16)
+        && t.num_kv_heads > 0
+        && t.num_heads.is_multiple_of(t.num_kv_heads);
+    (!fits).then(|| {
+        format!(
+            "needs head_dim a multiple of 16 and num_attention_heads a multiple of \
+             num_key_value_heads (this model: head_dim {}, {} heads, {} KV heads)",
+            t.head_dim, t.num_heads, t.num_kv_heads
+        )
+    })
 }
 
 /// RoPE tables `[positions, head_dim / 2]` like transformers computes them: float32 angles

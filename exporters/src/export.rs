@@ -115,8 +115,12 @@ pub struct ExportOptions {
     /// Write calibration graphs (every Linear input exposed as an output) instead of a
     /// deployable export; used internally by `--calibrate`.
     pub calibration_graphs: bool,
-    /// Decoder graphs to write (at least one).
+    /// Decoder graphs to write; one the model's shape does not allow is an error.
     pub decoders: Vec<DecoderVariant>,
+    /// Decoder graphs also written where the model's shape allows them (`ocrctl export`'s
+    /// default: gqa beside merged); one left out is reported as [`Progress::Skipped`]. At least
+    /// one decoder is written in all.
+    pub optional_decoders: Vec<DecoderVariant>,
     /// The GQA decoder's KV cache element type (`--kv-cache`).
     pub kv_cache: crate::kv_cache::KvCache,
     /// Pads the GQA decoder's query heads as an 8-bit cache does, whatever the cache type:
@@ -208,6 +212,7 @@ impl ExportOptions {
             awq: None,
             calibration_graphs: false,
             decoders: vec![DecoderVariant::Merged],
+            optional_decoders: Vec::new(),
             kv_cache: crate::kv_cache::KvCache::Activation,
             pad_query_heads: false,
             kv_layer_scales: Vec::new(),
@@ -265,6 +270,12 @@ pub enum Progress {
     Step,
     /// The part is written.
     End,
+    /// An optional decoder (`ExportOptions::optional_decoders`) is not written: the model's
+    /// shape does not allow it, for `reason`.
+    Skipped {
+        decoder: DecoderVariant,
+        reason: String,
+    },
 }
 
 fn sha256_file(path: &Path) -> Result<SourceFile, ExportError> {
@@ -315,6 +326,64 @@ impl Drop for TempDir {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
+}
+
+/// The decoders to write for `cfg`: every one of `opts.decoders` (checked: one the model does
+/// not allow is an error) and those of `opts.optional_decoders` it allows (one left out is
+/// reported); then the KV cache options checked against them.
+fn decoders_to_write(
+    opts: &ExportOptions,
+    cfg: &ModelConfig,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<DecoderVariant>, ExportError> {
+    let allowed = |dv: DecoderVariant| match dv {
+        DecoderVariant::Merged => Ok(()),
+        DecoderVariant::Gqa => crate::decoder_gqa::check(cfg, opts.target),
+        DecoderVariant::Paged => opts
+            .precisions
+            .iter()
+            .try_for_each(|p| crate::decoder_paged::check(cfg, opts.target, p.dtype())),
+    };
+    // Paged first: its message says which precisions it needs.
+    for dv in [DecoderVariant::Paged, DecoderVariant::Gqa] {
+        if opts.decoders.contains(&dv) {
+            allowed(dv)?;
+        }
+    }
+    let mut decoders = opts.decoders.clone();
+    for &dv in &opts.optional_decoders {
+        if decoders.contains(&dv) {
+            continue;
+        }
+        match allowed(dv) {
+            Ok(()) => decoders.push(dv),
+            Err(e) => progress(Progress::Skipped {
+                decoder: dv,
+                reason: crate::decoder_gqa::shape_problem(cfg).unwrap_or_else(|| e.to_string()),
+            }),
+        }
+    }
+    if decoders.is_empty() {
+        return Err(ExportError::Invalid("no decoder graph requested".into()));
+    }
+    if decoders
+        .iter()
+        .any(|d| matches!(d, DecoderVariant::Gqa | DecoderVariant::Paged))
+    {
+        // Per-layer scales checked before any graph is written.
+        let n = cfg.text.num_layers;
+        for i in 0..n {
+            opts.kv_cache.layer_scale(&opts.kv_layer_scales, i, n)?;
+        }
+    } else if opts.kv_cache != crate::kv_cache::KvCache::Activation
+        || !opts.kv_layer_scales.is_empty()
+    {
+        return Err(ExportError::Invalid(format!(
+            "--kv-cache {} applies to the gqa and paged decoders: export with --decoder gqa",
+            opts.kv_cache.name()
+        )));
+    }
+    Ok(decoders)
 }
 
 /// Runs the export and returns the manifest it wrote.
@@ -406,32 +475,7 @@ pub fn export(
         };
     crate::processor::adapt(&tmp_path)?;
     check_int4(opts, &cfg)?;
-    if opts.decoders.is_empty() {
-        return Err(ExportError::Invalid("no decoder graph requested".into()));
-    }
-    if opts.decoders.contains(&DecoderVariant::Paged) {
-        for p in &opts.precisions {
-            crate::decoder_paged::check(&cfg, opts.target, p.dtype())?;
-        }
-    }
-    let cache_decoders = [DecoderVariant::Gqa, DecoderVariant::Paged];
-    if cache_decoders.iter().any(|d| opts.decoders.contains(d)) {
-        if opts.decoders.contains(&DecoderVariant::Gqa) {
-            crate::decoder_gqa::check(&cfg, opts.target)?;
-        }
-        // Per-layer scales checked before any graph is written.
-        let n = cfg.text.num_layers;
-        for i in 0..n {
-            opts.kv_cache.layer_scale(&opts.kv_layer_scales, i, n)?;
-        }
-    } else if opts.kv_cache != crate::kv_cache::KvCache::Activation
-        || !opts.kv_layer_scales.is_empty()
-    {
-        return Err(ExportError::Invalid(format!(
-            "--kv-cache {} applies to the gqa and paged decoders: export with --decoder gqa",
-            opts.kv_cache.name()
-        )));
-    }
+    let decoders = decoders_to_write(opts, &cfg, progress)?;
     let mut digest = Sha256::new();
     let mut sorted: Vec<&SourceFile> = source_files.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
@@ -498,7 +542,7 @@ pub fn export(
         progress(Progress::End);
         parts.insert(graph::EMBED.to_string(), info);
 
-        for &dv in &opts.decoders {
+        for &dv in &decoders {
             let stem = format!("{}{sfx}", dv.stem());
             progress(Progress::Begin {
                 part: stem.clone(),

@@ -1,7 +1,10 @@
-//! `ocrctl eval`: how far a candidate export (e.g. int4) agrees with a reference (fp32).
+//! `ocrctl eval`: how far a candidate export (e.g. int4) agrees with a reference (fp32),
+//! teacher-forced; or, with `--truth DIR`, how well exports read pages whose text is known
+//! ([`crate::cli::eval_truth`]: character and word error rates).
 //!
 //! ```text
 //! ocrctl eval --reference out/m --candidate out/m --candidate-precision int4 page1.png page2.png
+//! ocrctl eval --truth pages/ --model out/m --precision fp32,int4
 //! ```
 
 use anyhow::Context;
@@ -18,34 +21,27 @@ use std::process::ExitCode;
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     /// Reference export directory.
-    #[arg(long)]
-    reference: PathBuf,
+    #[arg(long, required_unless_present = "truth", conflicts_with = "truth")]
+    reference: Option<PathBuf>,
     /// Precision of the reference graphs.
     #[arg(long, default_value = "fp32")]
     reference_precision: String,
     /// Candidate export directory (may be the same directory as the reference).
-    #[arg(long)]
-    candidate: PathBuf,
+    #[arg(long, required_unless_present = "truth", conflicts_with = "truth")]
+    candidate: Option<PathBuf>,
     /// Precision of the candidate graphs.
     #[arg(long, default_value = "int4")]
     candidate_precision: String,
     /// Teacher-forced decoding steps per image.
     #[arg(long, default_value_t = 64)]
     steps: usize,
-    /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs (0 or 4).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
-    accuracy_level: u8,
-    /// ONNX Runtime intra-op threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-    /// Path of libonnxruntime.so (default: found automatically).
-    #[arg(long, env = "OCRCTL_ORT_LIB")]
-    ort_lib: Option<PathBuf>,
+    #[command(flatten)]
+    truth: crate::cli::eval_truth::TruthArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
     /// Images to compare on.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "truth", conflicts_with = "truth")]
     images: Vec<PathBuf>,
 }
 
@@ -58,25 +54,32 @@ fn load(
     let precision = Precision::parse(precision).with_context(|| flag.to_string())?;
     let opts = LoadOptions {
         precision,
-        threads: a.threads,
-        ort_lib: a.ort_lib.clone(),
-        accuracy_level: a.accuracy_level,
+        threads: a.truth.rt.threads.unwrap_or(0),
+        ort_lib: a.truth.rt.ort_lib.clone(),
+        accuracy_level: a.truth.rt.accuracy_level,
         providers: Default::default(),
         ..LoadOptions::new(precision)
     };
     Ok(OrtModel::load(dir, &opts)?)
 }
 
-/// Runs the comparison and prints per-image rows and the mean.
+/// Runs the comparison (or, with `--truth`, the error rates) and prints per-image rows and
+/// the mean.
 pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
+    if a.truth.truth.is_some() {
+        return crate::cli::eval_truth::run(&a.truth, a.json);
+    }
+    let (Some(reference_dir), Some(candidate_dir)) = (&a.reference, &a.candidate) else {
+        anyhow::bail!("--reference and --candidate are required without --truth");
+    };
     let mut reference = load(
-        &a.reference,
+        reference_dir,
         &a.reference_precision,
         &a,
         "--reference-precision",
     )?;
     let mut candidate = load(
-        &a.candidate,
+        candidate_dir,
         &a.candidate_precision,
         &a,
         "--candidate-precision",
@@ -87,7 +90,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             "--candidate: its model config differs from the reference's (different checkpoints?)"
         );
     }
-    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.reference, &cfg)?;
+    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(reference_dir, &cfg)?;
     let mut rows: Vec<(String, ImageEval)> = Vec::new();
     for path in &a.images {
         let img = preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS)?;

@@ -59,7 +59,8 @@ pub struct ExportArgs {
     /// Decoder graphs to write, comma-separated: `merged` (KV cache concatenated each step;
     /// any runtime, TensorRT too) and/or `gqa` (GroupQueryAttention over a fixed cache
     /// updated in place; ONNX Runtime CPU/CUDA, the fast GPU path). The runner prefers gqa.
-    /// Default: both for `--target ort`, merged for `--target tensorrt`. `paged`
+    /// Default: both for `--target ort` (gqa where the model's heads suit its kernel, else
+    /// one line says why it is left out), merged for `--target tensorrt`. `paged`
     /// (experimental: PagedAttention over a cache in blocks, ONNX Runtime CUDA, fp16 or
     /// int4-fp16) is written to be checked on a GPU by scripts/check_paged.py; ocrctl does
     /// not run it yet.
@@ -119,6 +120,7 @@ fn calibrate(
         awq: None,
         calibration_graphs: true,
         decoders: vec![DecoderVariant::Merged],
+        optional_decoders: Vec::new(),
         kv_cache: KvCache::Activation,
         ..opts.clone()
     };
@@ -205,10 +207,14 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
         },
         awq: None,
         calibration_graphs: false,
-        decoders: match (a.decoder.is_empty(), a.target) {
-            (false, _) => a.decoder.clone(),
-            (true, Target::Ort) => vec![DecoderVariant::Merged, DecoderVariant::Gqa],
-            (true, _) => vec![DecoderVariant::Merged],
+        decoders: match a.decoder.is_empty() {
+            false => a.decoder.clone(),
+            true => vec![DecoderVariant::Merged],
+        },
+        // By default gqa too, where the model's heads suit its kernel (else one line says so).
+        optional_decoders: match (a.decoder.is_empty(), a.target) {
+            (true, Target::Ort) => vec![DecoderVariant::Gqa],
+            _ => Vec::new(),
         },
         // An 8-bit cache without --kv-scale takes its scale from --calibrate (set below).
         kv_cache: match kv_from_calibration {
@@ -265,6 +271,10 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
                 b.finish();
             }
         }
+        Progress::Skipped { decoder, reason } => eprintln!(
+            "note: no {} decoder written: it {reason}; the merged decoder runs this model",
+            decoder.name()
+        ),
     })?;
     let mut total = 0u64;
     // Columns as wide as their longest entry, so long names keep the table aligned.

@@ -8,6 +8,7 @@ pub mod build_engines;
 pub mod common;
 pub mod doctor;
 pub mod eval;
+pub mod eval_truth;
 pub mod export;
 pub mod logging;
 pub mod ocr;

@@ -109,18 +109,30 @@ pub struct OcrArgs {
     /// Hide the progress bar (the closing summary line stays).
     #[arg(long, short)]
     quiet: bool,
-    /// Image files (PNG, JPEG, WebP, TIFF), PDFs, folders (read non-recursively) or quoted
-    /// glob patterns such as 'scans/*.pdf'.
-    #[arg(required = true)]
+    /// Read folders' subfolders too (else they are skipped and counted in the summary).
+    #[arg(long, short = 'r')]
+    recursive: bool,
+    /// Also read the inputs listed in FILE, one path per line (`-`: standard input, e.g.
+    /// `ls *.pdf | ocrctl ocr --files-from - …`).
+    #[arg(long, value_name = "FILE")]
+    files_from: Option<PathBuf>,
+    /// Image files (PNG, JPEG, WebP, TIFF), PDFs, folders or quoted glob patterns such as
+    /// 'scans/*.pdf' ('scans/**/*.pdf' for every subfolder).
+    #[arg(required_unless_present = "files_from")]
     inputs: Vec<PathBuf>,
 }
 
 /// Expands the inputs and opens every document, reporting (and counting) those that fail.
 /// With `--out --resume`, documents whose markdown file exists are skipped (and counted).
-fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
+fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, usize, usize, usize)> {
     let (mut docs, mut failed, mut skipped, mut overwritten) = (Vec::new(), 0, 0, 0);
     let mut md_owner: HashMap<PathBuf, PathBuf> = HashMap::new();
-    for item in inputs::expand(&a.inputs) {
+    let mut listed = a.inputs.clone();
+    if let Some(f) = &a.files_from {
+        listed.extend(inputs::read_list(f).context("--files-from")?);
+    }
+    let (items, not_read) = inputs::expand_counted(&listed, a.recursive);
+    for item in items {
         let path = match item {
             Ok(p) => p,
             Err(e) => {
@@ -169,7 +181,7 @@ fn open_documents(a: &OcrArgs) -> (Vec<Document>, usize, usize) {
             a.out.as_deref().unwrap_or(Path::new(".")).display()
         );
     }
-    (docs, failed, skipped)
+    Ok((docs, failed, skipped, not_read))
 }
 
 /// `msg` as is when it names `name`'s file, else prefixed with `name`.
@@ -268,7 +280,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
     }
-    let (docs, open_failed, skipped) = open_documents(&a);
+    let (docs, open_failed, skipped, not_read) = open_documents(&a)?;
     let total_pages: usize = docs.iter().map(Document::pages).sum();
     let mode = match (&a.out, a.json) {
         (Some(dir), _) => Mode::Markdown(dir.clone()),
@@ -295,11 +307,15 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let secs = out.close();
     let failed = open_failed + out.failed_docs;
     // Always, a single image too: what ran and how fast.
-    let skipped = if skipped > 0 {
+    let mut skipped = if skipped > 0 {
         format!(", {skipped} skipped (--resume)")
     } else {
         String::new()
     };
+    if not_read > 0 {
+        let why = if a.recursive { "" } else { " or subfolders" };
+        skipped += &format!(", {not_read} folder entries skipped (not images or PDFs{why})");
+    }
     eprintln!(
         "{} document(s), {total_pages} page(s), {failed} failed{skipped}, {} tokens in \
          {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",

@@ -2,7 +2,8 @@
 //! into documents — an image is a document of one page, a PDF one of N pages — and the
 //! pages loaded one at a time.
 //!
-//! - A folder gives its image and PDF files (by extension, not recursive), sorted.
+//! - A folder gives its image and PDF files (by extension), sorted; its subfolders' too with
+//!   `--recursive` ([`expand_counted`]), else they are skipped and counted.
 //! - A path that does not exist and contains `*`, `?` or `[` is a glob pattern (quote it so
 //!   that the shell does not expand it), matched one path component at a time with
 //!   [`globset`] (see [`component_matcher`]): `*` and `?` match within one component (never
@@ -11,7 +12,8 @@
 //!   alternative; a backslash is an ordinary character. Like in shells, a wildcard does not
 //!   match a leading `.` unless the component starts with one. Matches are the image and PDF
 //!   files (by extension), sorted. A pattern that matches none, or that is malformed (`[z-a]`,
-//!   an unclosed `{`), is an error.
+//!   an unclosed `{`), is an error. A component `**` matches any number of folders
+//!   (`scans/**/*.pdf`: every PDF below `scans`, not in hidden folders).
 //! - Any other path is a file: a PDF if it starts with the PDF magic or ends in `.pdf`,
 //!   else an image (its format is detected when it is loaded).
 //!
@@ -39,7 +41,7 @@ pub enum InputError {
         source: std::io::Error,
     },
     /// A folder holds no image or PDF file.
-    #[error("{path}: no image or PDF file in this folder (png, jpg, webp, tif, pdf; subfolders are not read)")]
+    #[error("{path}: no image or PDF file in this folder (png, jpg, webp, tif, pdf; subfolders are read with --recursive)")]
     EmptyFolder {
         /// The folder as given.
         path: PathBuf,
@@ -136,10 +138,21 @@ impl Shard {
 /// documentation, other paths as given. Inputs that fail (an unreadable folder, a pattern
 /// matching nothing) give an error each; the others still expand.
 pub fn expand(inputs: &[PathBuf]) -> Vec<Result<PathBuf, InputError>> {
+    expand_counted(inputs, false).0
+}
+
+/// [`expand`], reading folders' subfolders too when `recursive`; also returns how many
+/// folder entries were skipped (files that are not images or PDFs, and subfolders when not
+/// `recursive`).
+pub fn expand_counted(
+    inputs: &[PathBuf],
+    recursive: bool,
+) -> (Vec<Result<PathBuf, InputError>>, usize) {
     let mut out = Vec::new();
+    let mut skipped = 0;
     for input in inputs {
         if input.is_dir() {
-            match list_folder(input) {
+            match list_folder(input, recursive, &mut skipped) {
                 Ok(files) if files.is_empty() => out.push(Err(InputError::EmptyFolder {
                     path: input.clone(),
                 })),
@@ -158,20 +171,81 @@ pub fn expand(inputs: &[PathBuf]) -> Vec<Result<PathBuf, InputError>> {
             out.push(Ok(input.clone()));
         }
     }
-    out
+    (out, skipped)
 }
 
-fn list_folder(dir: &Path) -> Result<Vec<PathBuf>, InputError> {
+/// Paths listed one per line in `list` (`-`: standard input), for `--files-from`; blank
+/// lines are ignored.
+pub fn read_list(list: &Path) -> Result<Vec<PathBuf>, InputError> {
+    let text = if list == Path::new("-") {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map(|_| s)
+    } else {
+        std::fs::read_to_string(list)
+    };
+    let text = text.map_err(|source| InputError::Read {
+        path: list.to_path_buf(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.trim().is_empty())
+        .map(PathBuf::from)
+        .collect())
+}
+
+/// The image and PDF files of `dir`, sorted (with its subfolders' when `recursive`, each
+/// folder's files before its subfolders'); other entries are counted in `skipped`.
+fn list_folder(
+    dir: &Path,
+    recursive: bool,
+    skipped: &mut usize,
+) -> Result<Vec<PathBuf>, InputError> {
     let rd = std::fs::read_dir(dir).map_err(|source| InputError::Folder {
         path: dir.to_path_buf(),
         source,
     })?;
-    let mut v: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && accepted_extension(p))
+    let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    let (mut files, mut dirs) = (Vec::new(), Vec::new());
+    for p in entries {
+        if p.is_file() && accepted_extension(&p) {
+            files.push(p);
+        } else if recursive && p.is_dir() && !p.is_symlink() {
+            dirs.push(p);
+        } else {
+            *skipped += 1;
+        }
+    }
+    for d in dirs {
+        files.extend(list_folder(&d, true, skipped)?);
+    }
+    Ok(files)
+}
+
+/// `dir` and every folder below it (not through symbolic links, not hidden ones), sorted.
+fn folders_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    let base = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(rd) = std::fs::read_dir(base) else {
+        return out;
+    };
+    let mut subs: Vec<PathBuf> = rd
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+        .map(|e| dir.join(e.file_name()))
         .collect();
-    v.sort();
-    Ok(v)
+    subs.sort();
+    for s in subs {
+        out.extend(folders_below(&s));
+    }
+    out
 }
 
 /// Files matching `pattern` (wildcards in any component), image and PDF files only, sorted.
@@ -182,6 +256,17 @@ fn glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
     for (i, comp) in comps.iter().enumerate() {
         let last = i + 1 == comps.len();
         let part = comp.as_os_str().to_string_lossy();
+        if part == "**" {
+            // Any number of folders (none too); as the last component, every file below.
+            current = current.iter().flat_map(|b| folders_below(b)).collect();
+            if last {
+                current = current
+                    .iter()
+                    .flat_map(|d| list_folder(d, false, &mut 0).unwrap_or_default())
+                    .collect();
+            }
+            continue;
+        }
         if !matches!(comp, Component::Normal(_)) || !part.contains(['*', '?', '[', '{']) {
             current = current
                 .iter()
@@ -297,6 +382,14 @@ impl Document {
         match self.kind {
             DocKind::Image => 1,
             DocKind::Pdf { pages } => pages,
+        }
+    }
+
+    /// How messages name page `page` (0-based): the file, plus the page number for a PDF.
+    pub fn page_name(&self, page: usize) -> String {
+        match self.kind {
+            DocKind::Image => self.path.display().to_string(),
+            DocKind::Pdf { .. } => format!("{}: page {}", self.path.display(), page + 1),
         }
     }
 }

@@ -105,6 +105,16 @@ impl PagePipeline {
             top_logprobs: 0,
         }
     }
+
+    /// A page's text from its generated ids, as `ocrctl ocr` prints it: the ids before the
+    /// first stop id, special tokens skipped.
+    pub fn text(&self, token_ids: &[u32]) -> Result<String, PromptError> {
+        let end = token_ids
+            .iter()
+            .position(|t| self.stop_ids.contains(t))
+            .unwrap_or(token_ids.len());
+        self.prompter.decode(&token_ids[..end], true)
+    }
 }
 
 /// A deterministic page-like image: light background with dark horizontal strokes (for
