@@ -20,6 +20,7 @@ fn ocr_json(extra: &[&str], dir: &std::path::Path) -> Vec<Value> {
     let model = exported();
     let mut args = vec![
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
@@ -126,6 +127,7 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     let model = exported();
     let o = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -156,6 +158,7 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     std::fs::write(&keep, "kept").unwrap();
     let o = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -189,6 +192,7 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     );
     let o = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -207,6 +211,7 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     );
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
