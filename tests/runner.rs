@@ -143,9 +143,13 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     assert!(!o.status.success(), "exit code reports the failure");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("zz-broken.png"), "{err}");
+    // The failed file is listed in failures.jsonl beside the documents (issue 41.5).
+    let failures = std::fs::read_to_string(out.join("failures.jsonl")).unwrap();
+    assert!(failures.contains("zz-broken.png"), "{failures}");
     let written: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "failures.jsonl")
         .collect();
     let n_images = std::fs::read_dir(fixture().join("images")).unwrap().count();
     assert_eq!(written.len(), n_images, "{written:?}");
