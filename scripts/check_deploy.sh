@@ -8,6 +8,7 @@
 #    named in its comments,
 #  - configmap-profile.yaml carries profiles/16gb.yaml unchanged,
 #  - the batch Job's `completions` equals the N of its `--shard $(JOB_COMPLETION_INDEX)/N`,
+#    and its podFailurePolicy ends an index on exit code 2 (ocrctl ocr: some inputs failed),
 #  - deploy/Containerfile pins the ONNX Runtime and pypdfium2 versions of scripts/setup.sh.
 # Exits non-zero naming the file on any failure.
 set -euo pipefail
@@ -66,6 +67,12 @@ if not m:
     bad.append(f"{job_path}: no --shard $(JOB_COMPLETION_INDEX)/N in args")
 elif int(m.group(1)) != job["spec"]["completions"]:
     bad.append(f"{job_path}: --shard .../{m.group(1)} but completions {job['spec']['completions']}")
+
+# Exit code 2 (some inputs failed, listed in failures.*.jsonl) ends the shard's index, no retry.
+rules = (job["spec"].get("podFailurePolicy") or {}).get("rules") or []
+if not any(r.get("action") == "FailIndex" and 2 in (r.get("onExitCodes") or {}).get("values", [])
+           and (r.get("onExitCodes") or {}).get("operator") == "In" for r in rules):
+    bad.append(f"{job_path}: no podFailurePolicy rule FailIndex on exit code 2 (some inputs failed)")
 
 def default(path, var):
     m = re.search(rf'^{var}="\$\{{{var}:-([^}}]+)\}}"', open(path).read(), re.M)

@@ -53,7 +53,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Bad flags exit 1 like every other failure to run (clap's own code is 2, which
+    // `ocrctl ocr` keeps for "some inputs failed"); help and version exit 0.
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.use_stderr() {
+                true => ExitCode::FAILURE,
+                false => ExitCode::SUCCESS,
+            };
+        }
+    };
     cli::logging::init(cli.log_format);
     let result = match cli.command {
         Command::Export(a) => cli::export::run(a),

@@ -207,6 +207,7 @@ fn unreadable_images_are_named_and_the_rest_still_run() {
     let good = fixture().join("images/aligned.png");
     let out = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
@@ -223,13 +224,19 @@ fn unreadable_images_are_named_and_the_rest_still_run() {
         "{err}"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().collect();
+    // Failed inputs have their row too (issue 41.5): `status` failed, naming the file.
+    let (failed, lines): (Vec<&str>, Vec<&str>) = stdout
+        .lines()
+        .partition(|l| l.contains("\"status\":\"failed\""));
     assert_eq!(
         lines.len(),
         1,
         "the good image still produced output: {stdout}"
     );
     assert!(lines[0].contains("aligned.png"));
+    assert_eq!(failed.len(), 2, "{stdout}");
+    assert!(failed.iter().any(|l| l.contains("broken.png")), "{stdout}");
+    assert!(failed.iter().any(|l| l.contains("/nonexistent/page.png")));
 }
 
 #[test]
@@ -238,6 +245,7 @@ fn a_missing_onnx_runtime_library_is_named() {
     let img = fixture().join("images/aligned.png");
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--ort-lib",
@@ -263,6 +271,7 @@ fn a_missing_precision_is_named() {
     let img = fixture().join("images/aligned.png");
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         out.to_str().unwrap(),
         img.to_str().unwrap(),
@@ -279,6 +288,7 @@ fn a_missing_pdfium_library_is_named_with_the_fix() {
     let pdf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pdf/two_pages.pdf");
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--pdfium-lib",
@@ -295,6 +305,7 @@ fn a_missing_pdfium_library_is_named_with_the_fix() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
         .args([
             "ocr",
+            "--accept-length",
             "--model",
             model.to_str().unwrap(),
             pdf.to_str().unwrap(),
@@ -319,6 +330,7 @@ fn runtime_options_read_their_environment_variables() {
     for args in [
         vec![
             "ocr",
+            "--accept-length",
             "--model",
             model.to_str().unwrap(),
             img.to_str().unwrap(),
@@ -362,6 +374,7 @@ fn wrong_directories_are_named_with_the_fix() {
     for (model, want) in cases {
         let e = ocrctl_err(&[
             "ocr",
+            "--accept-length",
             "--model",
             model.to_str().unwrap(),
             img.to_str().unwrap(),
@@ -380,6 +393,7 @@ fn wrong_directories_are_named_with_the_fix() {
     // An OS error that is the cause is printed once.
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         exported().to_str().unwrap(),
         "--precision",
@@ -406,6 +420,7 @@ fn silent_acceptance_is_gone() {
     let out_dir = d.path().join("md");
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         m,
         "--json",
@@ -429,6 +444,7 @@ fn silent_acceptance_is_gone() {
     let run = || {
         common::ocrctl(&[
             "ocr",
+            "--accept-length",
             "--model",
             m,
             "--precision",
@@ -465,6 +481,7 @@ fn profiles_fall_back_to_an_exported_precision() {
     for (profile, want) in [("cpu", "using fp32"), ("16gb", "using fp16")] {
         let out = common::ocrctl(&[
             "ocr",
+            "--accept-length",
             "--model",
             &m,
             "--profile",
@@ -482,6 +499,7 @@ fn profiles_fall_back_to_an_exported_precision() {
     }
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         &m,
         "--precision",
@@ -491,6 +509,7 @@ fn profiles_fall_back_to_an_exported_precision() {
     assert!(e.contains("int4") && e.contains("was not exported"), "{e}");
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         &m,
         "--temperature",
@@ -559,6 +578,7 @@ fn onnx_runtime_errors_are_printed_once_without_colour() {
     let img = fixture().join("images/aligned.png");
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--model",
         m.to_str().unwrap(),
         "--no-verify",

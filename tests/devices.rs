@@ -202,6 +202,7 @@ fn ocr_reads_with_several_engines_what_one_engine_reads() {
     let run = |extra: &[&str]| {
         let mut args = vec![
             "ocr",
+            "--accept-length",
             "--temperature",
             "0",
             "--model",

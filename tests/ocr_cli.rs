@@ -21,6 +21,7 @@ fn ocr(args: &[&str]) -> std::process::Output {
     let model = exported();
     let mut all = vec![
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -108,7 +109,14 @@ fn a_folder_of_pdfs_and_images_reads_pages_like_their_renders_and_names_bad_file
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     written.sort();
-    assert_eq!(written, ["aligned.md", "scan.md"]);
+    // The failed inputs are listed beside the documents (issue 41.5), one JSON row each.
+    assert_eq!(written, ["aligned.md", "failures.jsonl", "scan.md"]);
+    let failures = std::fs::read_to_string(md.join("failures.jsonl")).unwrap();
+    for file in ["locked.pdf", "cut.pdf", "broken.png"] {
+        assert!(failures.contains(file), "{file}: {failures}");
+    }
+    assert_eq!(failures.lines().count(), 3, "{failures}");
+    assert_eq!(o.status.code(), Some(2), "some inputs failed: {err}");
     let scan = std::fs::read_to_string(md.join("scan.md")).unwrap();
     assert_eq!(
         scan,
@@ -202,6 +210,7 @@ fn shards_partition_the_inputs() {
     let files_of = |dir: &Path, shard: &str| -> Vec<String> {
         let out = ocrctl_ok(&[
             "ocr",
+            "--accept-length",
             "--temperature",
             "0",
             "--model",
@@ -253,6 +262,7 @@ fn ocr_samples_with_the_models_generation_config_unless_told_otherwise() {
     let run = |extra: &[&str]| {
         let mut args = vec![
             "ocr",
+            "--accept-length",
             "--model",
             model.to_str().unwrap(),
             "--max-tokens",
@@ -277,6 +287,7 @@ fn ocr_samples_with_the_models_generation_config_unless_told_otherwise() {
     // Bad values are refused by name whatever their source.
     let out = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--top-p",
@@ -297,6 +308,7 @@ fn log_lines_can_be_json_and_rust_log_sets_the_level() {
         "--log-format",
         "json",
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--temperature",
@@ -335,4 +347,100 @@ fn log_lines_can_be_json_and_rust_log_sets_the_level() {
         .output()
         .unwrap();
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("verified"));
+}
+
+/// Page outcomes (issue 38.1) and exit codes (issue 41.5): a page cut at --max-tokens is
+/// retried, then failed (exit 2, JSON status, no .md, failures.jsonl); --keep-partial marks
+/// it; a page whose end-of-sequence only a sampled retry reaches is `retried`.
+#[test]
+fn cut_pages_are_retried_then_failed_and_never_written_as_complete() {
+    let model = exported();
+    let img = fixture().join("images/aligned.png");
+    let base = [
+        "ocr",
+        "--model",
+        model.to_str().unwrap(),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "4",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        args.push(img.to_str().unwrap());
+        ocrctl(&args)
+    };
+    // The fixture needs 8 tokens for this page: 4 is a cut, three times.
+    let o = run(&["--json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v = &json_lines(&o.stdout)[0];
+    assert_eq!(v["status"], "failed");
+    assert_eq!(v["reason"], "length");
+    assert_eq!(v["finish_reason"], "length");
+    assert_eq!(v["attempts"], 3);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("1 failed (length 1)"), "{err}");
+    // --retries 0: one attempt; --accept-length: ok at length, exit 0.
+    assert_eq!(
+        json_lines(&run(&["--json", "--retries", "0"]).stdout)[0]["attempts"],
+        1
+    );
+    let o = run(&["--json", "--accept-length"]);
+    assert!(o.status.success());
+    assert_eq!(json_lines(&o.stdout)[0]["status"], "ok");
+
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("md");
+    let o = run(&["--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        !out.join("aligned.md").exists(),
+        "a cut page is not written"
+    );
+    let f: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("failures.jsonl")).unwrap())
+            .unwrap();
+    assert!(f["file"].as_str().unwrap().ends_with("aligned.png"), "{f}");
+    assert_eq!(f["pages"][0]["reason"], "length");
+    assert_eq!(f["written"], false);
+    let o = run(&["--out", out.to_str().unwrap(), "--keep-partial"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        std::fs::read_to_string(out.join("aligned.md")).unwrap(),
+        "<!-- page 1 failed: length -->\n"
+    );
+    // --resume redoes a partial document; with --accept-length it completes.
+    let o = run(&[
+        "--out",
+        out.to_str().unwrap(),
+        "--resume",
+        "--accept-length",
+    ]);
+    assert!(o.status.success());
+    assert_eq!(
+        std::fs::read_to_string(out.join("aligned.md")).unwrap(),
+        "5930\n"
+    );
+    assert!(
+        !out.join("failures.jsonl").exists(),
+        "a clean rerun clears it"
+    );
+
+    // End of sequence biased to just below the greedy choice: greedy never takes it, the
+    // first retry (temperature 0.5, seed 1) does.
+    let o = run(&["--json", "--seed", "1", "--logit-bias", "322=13"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = &json_lines(&o.stdout)[0];
+    assert_eq!(
+        (&v["status"], &v["attempts"]),
+        (&"retried".into(), &2.into()),
+        "{v}"
+    );
+    assert_eq!(v["finish_reason"], "stop");
 }

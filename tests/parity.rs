@@ -185,6 +185,7 @@ fn the_cli_prints_the_reference_tokens_and_text() {
     let file = fixture().join(im["file"].as_str().unwrap());
     let out = ocrctl_ok(&[
         "ocr",
+        "--accept-length",
         "--model",
         exported().to_str().unwrap(),
         "--max-tokens",
@@ -207,6 +208,7 @@ fn the_cli_prints_the_reference_tokens_and_text() {
     // Without --ignore-eos the text stops at the first end-of-sequence token.
     let out = ocrctl_ok(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",

@@ -20,6 +20,7 @@ fn ocr_json(extra: &[&str], dir: &std::path::Path) -> Vec<Value> {
     let model = exported();
     let mut args = vec![
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--max-tokens",
@@ -126,6 +127,7 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     let model = exported();
     let o = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -141,9 +143,13 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     assert!(!o.status.success(), "exit code reports the failure");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("zz-broken.png"), "{err}");
+    // The failed file is listed in failures.jsonl beside the documents (issue 41.5).
+    let failures = std::fs::read_to_string(out.join("failures.jsonl")).unwrap();
+    assert!(failures.contains("zz-broken.png"), "{failures}");
     let written: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "failures.jsonl")
         .collect();
     let n_images = std::fs::read_dir(fixture().join("images")).unwrap().count();
     assert_eq!(written.len(), n_images, "{written:?}");
@@ -156,6 +162,7 @@ fn a_folder_with_a_broken_file_reports_it_and_writes_the_rest() {
     std::fs::write(&keep, "kept").unwrap();
     let o = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -189,6 +196,7 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     );
     let o = ocrctl(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -207,6 +215,7 @@ fn unavailable_providers_fall_back_with_a_message_or_fail_when_strict() {
     );
     let e = ocrctl_err(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",

@@ -161,6 +161,7 @@ fn the_runner_says_once_why_tensorrt_rtx_cannot_run_and_falls_back() {
     let image = fixture().join("images/aligned.png");
     let args = [
         "ocr",
+        "--accept-length",
         "--model",
         m.to_str().unwrap(),
         "--precision",

@@ -1,7 +1,7 @@
 //! The `ocrctl` commands, one module each (`export`, `ocr`, `eval`, `bench`, `profiles`,
 //! `serve`, `doctor`, `verify`, `build-engines`), over the library; [`common`] holds the runtime flags they share
 //! (`--profile`, `--precision`, `--providers`, …) and error reporting, [`ocr_output`] the
-//! in-order writing of `ocrctl ocr`.
+//! in-order writing of `ocrctl ocr`, [`ocr_outcome`] its page-outcome flags and exit codes.
 
 pub mod bench;
 pub mod build_engines;
@@ -12,6 +12,7 @@ pub mod eval_truth;
 pub mod export;
 pub mod logging;
 pub mod ocr;
+pub mod ocr_outcome;
 pub mod ocr_output;
 pub mod profiles;
 pub mod serve;

@@ -7,22 +7,24 @@
 //! once), so memory does not grow with the input. Results are written in input order as they
 //! finish ([`crate::cli::ocr_output`]): plain text, `--json` (one object per page), or `--out DIR`
 //! (one markdown file per document; `--resume` skips documents whose file exists). A bad
-//! file or page is reported by name and the rest still run; the exit code is non-zero when
-//! anything failed. A progress bar on stderr (not with `--quiet` or when stderr is not a
+//! file or page is reported by name and the rest still run; a page that ends at
+//! `--max-tokens` or in a loop is retried, then failed ([`crate::cli::ocr_outcome`]: flags,
+//! exit code 2 when anything failed, `failures.jsonl`). A progress bar on stderr (not with `--quiet` or when stderr is not a
 //! terminal) counts pages; a summary line closes every run. `--devices 0,1` (or `cpu,cpu`)
 //! runs one engine per device, each taking the next page when it has room.
 
-use crate::cli::ocr_output::{md_path, Mode, Output, PageResult};
+use crate::cli::ocr_outcome::{error_row, input_name, Failures};
+use crate::cli::ocr_output::{md_path, FailurePolicy, Mode, Output, PageResult};
 use anyhow::Context;
 use clap::Args;
 use ocrctl::documents::inputs::{self, Document, PageLoader};
-use ocrctl::generation::engine::{Engine, Event, GenRequest};
+use ocrctl::generation::engine::{Engine, GenRequest};
+use ocrctl::generation::outcome::{self, FailReason, PageEvent, PageOutcome, RetryPolicy};
 use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
 use ocrctl::model::preprocess;
 use ocrctl::runtime::devices::Device;
 use ocrctl::runtime::ortmodel::OrtModel;
 use serde_json::json;
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -82,6 +84,8 @@ pub struct OcrArgs {
     /// Keep generating after an end-of-sequence token (for benchmarks and parity checks).
     #[arg(long)]
     ignore_eos: bool,
+    #[command(flatten)]
+    outcome: crate::cli::ocr_outcome::OutcomeArgs,
     /// Print one JSON object per page (with `file` and 1-based `page`) instead of plain text.
     #[arg(long, conflicts_with = "out")]
     json: bool,
@@ -122,10 +126,20 @@ pub struct OcrArgs {
     inputs: Vec<PathBuf>,
 }
 
-/// Expands the inputs and opens every document, reporting (and counting) those that fail.
-/// With `--out --resume`, documents whose markdown file exists are skipped (and counted).
-fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, usize, usize, usize)> {
-    let (mut docs, mut failed, mut skipped, mut overwritten) = (Vec::new(), 0, 0, 0);
+/// Expands the inputs and opens every document, reporting (and recording) those that fail;
+/// with `--json`, a row for each file that fails. With `--out --resume`, documents whose
+/// markdown file exists and is complete (no failed page marked) are skipped (and counted).
+/// Also returns the folder entries not read (other files; subfolders without `--recursive`).
+fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, Failures, usize, usize)> {
+    let (mut docs, mut failed, mut skipped, mut overwritten) =
+        (Vec::new(), Failures::default(), 0, 0);
+    let file_failed = |failed: &mut Failures, path: &Path, msg: String| {
+        eprintln!("error: {msg}");
+        if a.json && a.out.is_none() {
+            println!("{}", error_row(path, None, &msg, 0));
+        }
+        failed.input(&path.display().to_string(), &msg);
+    };
     let mut md_owner: HashMap<PathBuf, PathBuf> = HashMap::new();
     let mut listed = a.inputs.clone();
     if let Some(f) = &a.files_from {
@@ -137,7 +151,7 @@ fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, usize, usize, u
             Ok(p) => p,
             Err(e) => {
                 eprintln!("error: {e}");
-                failed += 1;
+                failed.input(&input_name(&e), &e.to_string());
                 continue;
             }
         };
@@ -149,30 +163,27 @@ fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, usize, usize, u
             // A finished file holds at least a newline: an empty one (a crash before the
             // data reached the disk) is not a finished document.
             if std::fs::metadata(&md).is_ok_and(|m| m.len() > 0) {
-                if a.resume {
+                if a.resume && !partial(&md) {
                     skipped += 1;
                     continue;
                 }
-                overwritten += 1;
+                overwritten += usize::from(!a.resume);
             }
             if let Some(other) = md_owner.get(&md) {
-                eprintln!(
-                    "error: {}: its output {} is already that of {}; rename one of them",
+                let msg = format!(
+                    "{}: its output {} is already that of {}; rename one of them",
                     path.display(),
                     md.display(),
                     other.display()
                 );
-                failed += 1;
+                file_failed(&mut failed, &path, msg);
                 continue;
             }
             md_owner.insert(md, path.clone());
         }
         match Document::open(&path, a.pdfium_lib.as_deref()) {
             Ok(d) => docs.push(d),
-            Err(e) => {
-                eprintln!("error: {e}");
-                failed += 1;
-            }
+            Err(e) => file_failed(&mut failed, &path, e.to_string()),
         }
     }
     if overwritten > 0 {
@@ -182,6 +193,12 @@ fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, usize, usize, u
         );
     }
     Ok((docs, failed, skipped, not_read))
+}
+
+/// Whether the markdown file at `md` is a partial document (`--keep-partial`), which
+/// `--resume` does again.
+fn partial(md: &Path) -> bool {
+    std::fs::read_to_string(md).is_ok_and(|t| outcome::has_failed_marker(&t))
 }
 
 /// `msg` as is when it names `name`'s file, else prefixed with `name`.
@@ -225,7 +242,7 @@ fn engine_options(
         .collect()
 }
 
-/// Runs OCR over all inputs; returns failure if any input, document or page failed.
+/// Runs OCR over all inputs; returns exit code 2 if any input, document or page failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let (opts, profile) = a.rt.load_options(&a.model)?;
     // A wrong --model is named before anything else reads from it.
@@ -281,13 +298,18 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
     }
     let (docs, open_failed, skipped, not_read) = open_documents(&a)?;
+    let open_failed_n = open_failed.rows.len();
     let total_pages: usize = docs.iter().map(Document::pages).sum();
     let mode = match (&a.out, a.json) {
         (Some(dir), _) => Mode::Markdown(dir.clone()),
         (None, true) => Mode::Json,
         (None, false) => Mode::Text,
     };
-    let out = Mutex::new(Output::new(&docs, mode, a.quiet));
+    let failure_policy = FailurePolicy {
+        max_failed: a.outcome.max_failed(),
+        max_tokens,
+    };
+    let out = Mutex::new(Output::new(&docs, mode, a.quiet, failure_policy));
     if total_pages > 0 {
         let mut opts = opts;
         opts.kv_slots = batch_size;
@@ -303,9 +325,18 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             manifest.model,
         )?;
     }
-    let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
     let secs = out.close();
-    let failed = open_failed + out.failed_docs;
+    let failed = open_failed_n + out.failed_docs;
+    let mut failures = open_failed;
+    failures.rows.append(&mut out.failures.rows);
+    if let Some(dir) = &a.out {
+        match failures.write(dir, a.shard) {
+            Ok(Some(f)) => eprintln!("failed inputs are listed in {}", f.display()),
+            Ok(None) => {}
+            Err(e) => eprintln!("error: {e}"),
+        }
+    }
     // Always, a single image too: what ran and how fast.
     let mut skipped = if skipped > 0 {
         format!(", {skipped} skipped (--resume)")
@@ -317,18 +348,15 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         skipped += &format!(", {not_read} folder entries skipped (not images or PDFs{why})");
     }
     eprintln!(
-        "{} document(s), {total_pages} page(s), {failed} failed{skipped}, {} tokens in \
-         {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
-        docs.len() + open_failed,
+        "{} document(s), {total_pages} page(s), {failed} failed{skipped}; pages: {}; {} \
+         tokens in {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
+        docs.len() + open_failed_n,
+        out.page_summary(),
         out.tokens,
         out.pages_ok as f64 / secs,
         out.tokens as f64 / secs
     );
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(failures.exit_code())
 }
 
 /// What the engine threads of one run share: the pages still to read (taken in input order
@@ -342,6 +370,7 @@ struct Pages<'a, 'd, I> {
     pipeline: ocrctl::generation::pipeline::PagePipeline,
     params: &'a SamplingParams,
     max_tokens: usize,
+    policy: RetryPolicy,
 }
 
 /// Runs every page of `docs` through one engine per device of `engines` (load options of
@@ -373,6 +402,7 @@ fn run_pages<'a, 'd>(
         pipeline,
         params,
         max_tokens,
+        policy: a.outcome.policy(),
     };
     let n = engines.len();
     let errors: Vec<anyhow::Error> = std::thread::scope(|s| {
@@ -425,112 +455,139 @@ fn run_pages<'a, 'd>(
     }
 }
 
-impl<I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, '_, I> {
+impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
     /// The next page as a request: loaded and preprocessed when the engine admits it. A page
     /// that fails is reported and skipped.
-    fn next_request(&self, meta: &mut Vec<Meta>) -> Option<GenRequest> {
+    fn next_request(&self) -> Option<(Meta, GenRequest)> {
         loop {
             let (unit, (d, page)) = self
                 .units
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .next()?;
-            let doc = &self.docs[d];
-            let r = (|| -> anyhow::Result<(GenRequest, Meta)> {
-                let img = {
-                    let mut loader = self.loader.lock().unwrap_or_else(|e| e.into_inner());
-                    let img = loader.load(doc, page)?;
-                    if page + 1 == doc.pages() {
-                        loader.close();
-                    }
-                    img
-                };
-                let p = self.pipeline.prepare(&img)?;
-                drop(img);
-                let m = Meta {
-                    unit,
-                    prompt_tokens: p.prompt_ids.len(),
-                    size: [p.height, p.width],
-                    image_tokens: p.image_tokens,
-                };
-                let req = GenRequest {
-                    params: self.params.clone(),
-                    ignore_eos: self.a.ignore_eos,
-                    top_logprobs: self.a.top_logprobs,
-                    ..self.pipeline.request(p, self.max_tokens)
-                };
-                Ok((req, m))
-            })();
-            match r {
-                Ok((req, m)) => {
-                    meta.push(m);
-                    return Some(req);
-                }
+            match self.prepare(unit, d, page) {
+                Ok(r) => return Some(r),
                 Err(e) => {
-                    let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
-                    let msg = named(
-                        &o.page_name(d, page),
-                        &doc.path,
-                        crate::cli::common::describe(&e),
-                    );
-                    o.finish(unit, Err(msg));
+                    let msg = self.failed_page(d, page, &e);
+                    self.out().finish(unit, PageResult::error(msg, 1));
                 }
             }
         }
     }
 
-    /// One engine's loop: takes pages while it has room until none are left.
-    fn run_engine(&self, model: OrtModel, batch_size: usize) {
-        let (a, docs) = (self.a, self.docs);
-        // Indices of this engine's requests (its own count) → their pages.
-        let meta: RefCell<Vec<Meta>> = RefCell::new(Vec::new());
-        let requests = std::iter::from_fn(|| self.next_request(&mut meta.borrow_mut()));
-        let mut engine = Engine::new(model, batch_size, self.pipeline.image_token_id);
-        let json = a.json && a.out.is_none();
-        let out = || self.out.lock().unwrap_or_else(|e| e.into_inner());
-        engine.run(requests, &mut |ev| match ev {
-            Event::Token { .. } => out().token(),
-            Event::Done { index, result } => {
-                let meta = meta.borrow();
-                let m = &meta[index];
-                let mut o = out();
-                let (d, page) = o.locate(m.unit);
-                let name = o.page_name(d, page);
-                let r: PageResult = match result {
-                    Ok(g) => {
-                        let text_ids: &[u32] = match g
-                            .token_ids
-                            .iter()
-                            .position(|t| self.pipeline.stop_ids.contains(t))
-                        {
-                            Some(i) if !a.ignore_eos => &g.token_ids[..i],
-                            _ => &g.token_ids,
-                        };
-                        self.pipeline
-                            .prompter
-                            .decode(text_ids, true)
-                            .map(|text| {
-                                let v = json.then(|| {
-                                    json!({
-                                        "file": docs[d].path.display().to_string(),
-                                        "page": page + 1,
-                                        "text": text,
-                                        "token_ids": g.token_ids,
-                                        "top_logprobs": g.top_logprobs,
-                                        "finish_reason": g.finish_reason,
-                                        "prompt_tokens": m.prompt_tokens,
-                                        "image_tokens": m.image_tokens,
-                                        "image_size": m.size,
-                                    })
-                                });
-                                (text, v)
-                            })
-                            .map_err(|e| format!("{name}: {e}"))
-                    }
-                    Err(e) => Err(format!("{name}: {e}")),
-                };
-                o.finish(m.unit, r);
+    fn out(&self) -> std::sync::MutexGuard<'_, Output<'d>> {
+        self.out.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The message of page `page` of document `d` failing with `e`, naming both.
+    fn failed_page(&self, d: usize, page: usize, e: &anyhow::Error) -> String {
+        let name = self.out().page_name(d, page);
+        named(&name, &self.docs[d].path, crate::cli::common::describe(e))
+    }
+
+    /// Page `page` of document `d` (run unit `unit`), loaded and preprocessed, as a request.
+    fn prepare(&self, unit: usize, d: usize, page: usize) -> anyhow::Result<(Meta, GenRequest)> {
+        let doc = &self.docs[d];
+        let img = {
+            let mut loader = self.loader.lock().unwrap_or_else(|e| e.into_inner());
+            let img = loader.load(doc, page)?;
+            if page + 1 == doc.pages() {
+                loader.close();
             }
+            img
+        };
+        let p = self.pipeline.prepare(&img)?;
+        drop(img);
+        let m = Meta {
+            unit,
+            prompt_tokens: p.prompt_ids.len(),
+            size: [p.height, p.width],
+            image_tokens: p.image_tokens,
+        };
+        let req = GenRequest {
+            params: self.params.clone(),
+            ignore_eos: self.a.ignore_eos,
+            top_logprobs: self.a.top_logprobs,
+            ..self.pipeline.request(p, self.max_tokens)
+        };
+        Ok((m, req))
+    }
+
+    /// The request of a page to try again (rendered and preprocessed again rather than
+    /// kept: a page's pixels are megabytes, retries are rare).
+    fn again(&self, m: &Meta) -> Result<GenRequest, String> {
+        let (d, page) = self.out().locate(m.unit);
+        self.prepare(m.unit, d, page)
+            .map(|(_, req)| req)
+            .map_err(|e| self.failed_page(d, page, &e))
+    }
+
+    /// One engine's loop: takes pages while it has room until none are left; a page that
+    /// did not finish goes again ([`outcome::run_with_retries`]).
+    fn run_engine(&self, model: OrtModel, batch_size: usize) {
+        let mut engine = Engine::new(model, batch_size, self.pipeline.image_token_id);
+        outcome::run_with_retries(
+            &mut engine,
+            &self.policy,
+            || self.next_request(),
+            |m| self.again(m),
+            &mut |ev| match ev {
+                PageEvent::Token(_) => self.out().token(),
+                PageEvent::Retry { .. } => {}
+                PageEvent::Done {
+                    key: m,
+                    outcome,
+                    result,
+                } => {
+                    let text = self.page_result(&m, result);
+                    let outcome = match (&text, outcome.reason) {
+                        (Err(_), None) => PageOutcome::failed(FailReason::Error, outcome.attempts),
+                        _ => outcome,
+                    };
+                    self.out().finish(m.unit, PageResult { text, outcome });
+                }
+            },
+        );
+    }
+
+    /// A finished page's text and, with `--json`, its object (without its outcome's fields,
+    /// which [`Output`] adds); or the error, naming the page.
+    fn page_result(
+        &self,
+        m: &Meta,
+        result: Result<&ocrctl::generation::generate::Generation, String>,
+    ) -> Result<(String, Option<serde_json::Value>), String> {
+        let (a, docs) = (self.a, self.docs);
+        let json = a.json && a.out.is_none();
+        let (d, page) = self.out().locate(m.unit);
+        let name = self.out().page_name(d, page);
+        let g = result.map_err(|e| format!("{name}: {e}"))?;
+        let text_ids: &[u32] = match g
+            .token_ids
+            .iter()
+            .position(|t| self.pipeline.stop_ids.contains(t))
+        {
+            Some(i) if !a.ignore_eos => &g.token_ids[..i],
+            _ => &g.token_ids,
+        };
+        let text = self
+            .pipeline
+            .prompter
+            .decode(text_ids, true)
+            .map_err(|e| format!("{name}: {e}"))?;
+        let v = json.then(|| {
+            json!({
+                "file": docs[d].path.display().to_string(),
+                "page": page + 1,
+                "text": text,
+                "token_ids": g.token_ids,
+                "top_logprobs": g.top_logprobs,
+                "finish_reason": g.finish_reason,
+                "prompt_tokens": m.prompt_tokens,
+                "image_tokens": m.image_tokens,
+                "image_size": m.size,
+            })
         });
+        Ok((text, v))
     }
 }

@@ -3,13 +3,19 @@
 //! Pages finish out of order (continuous batching); [`Output`] holds finished pages until
 //! every earlier page is done, then emits them: plain text on stdout, one JSON object per
 //! page, or one markdown file per document (`--out`), written when its last page is done and
-//! only if every page succeeded (so `--resume` retries it). Pages of a PDF are separated by
-//! [`page_separator`]. Only the document being emitted and pages that finished early are
-//! held. A progress bar on stderr counts pages as they finish.
+//! only if every page finished (so `--resume` retries it), or with failed pages marked when
+//! the document's [`verdict`] allows it (`--keep-partial`, `--max-failed-pages`). Pages of a
+//! PDF are separated by [`page_separator`]. Each page's outcome is counted, and each input
+//! that failed recorded ([`Failures`]). Only the document being emitted and pages that
+//! finished early are held. A progress bar on stderr counts pages as they finish.
 
+use crate::cli::ocr_outcome::{error_row, not_finished, Failures};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ocrctl::documents::inputs::{DocKind, Document};
-use serde_json::Value;
+use ocrctl::generation::outcome::{
+    failed_marker, verdict, DocVerdict, FailReason, PageOutcome, PageStatus,
+};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -36,9 +42,30 @@ pub enum Mode {
     Markdown(PathBuf),
 }
 
-/// A finished page: its text and, for `--json`, the object to print; or an error message
-/// that names the file (and page).
-pub type PageResult = Result<(String, Option<Value>), String>;
+/// A finished page: its text (of the last attempt) and, for `--json`, the object to print;
+/// or an error message that names the file (and page). And how it ended.
+pub struct PageResult {
+    pub text: Result<(String, Option<Value>), String>,
+    pub outcome: PageOutcome,
+}
+
+impl PageResult {
+    /// A page that failed with `msg` (naming the file and page) on attempt `attempts`.
+    pub fn error(msg: String, attempts: usize) -> PageResult {
+        PageResult {
+            text: Err(msg),
+            outcome: PageOutcome::failed(FailReason::Error, attempts),
+        }
+    }
+}
+
+/// What is done with documents whose pages failed, and what messages say of them.
+pub struct FailurePolicy {
+    /// The largest fraction of failed pages a written document may have.
+    pub max_failed: f64,
+    /// `--max-tokens` (named when a page reaches it).
+    pub max_tokens: usize,
+}
 
 /// The in-order writer. `docs` are all documents of the run, pages numbered through them
 /// ("units": document 0's pages, then document 1's, …).
@@ -51,11 +78,19 @@ pub struct Output<'a> {
     next: usize,
     /// Texts of the current document's pages (markdown mode).
     doc_texts: Vec<String>,
-    doc_failed: bool,
+    /// The current document's failed pages (`page`, `reason`, `attempts`).
+    doc_failed: Vec<Value>,
+    policy: FailurePolicy,
     /// Documents with at least one failed page.
     pub failed_docs: usize,
-    /// Pages that succeeded.
+    /// Documents (and other inputs) that failed, for `failures.jsonl`.
+    pub failures: Failures,
+    /// Pages that finished (first time or retried).
     pub pages_ok: usize,
+    /// Pages that finished after a retry.
+    pub pages_retried: usize,
+    /// Pages that failed, by reason (`length`, `loop`, `error`).
+    pub pages_failed: [usize; 3],
     /// Tokens generated.
     pub tokens: usize,
     done: u64,
@@ -66,7 +101,7 @@ pub struct Output<'a> {
 impl<'a> Output<'a> {
     /// A writer for `docs`; the progress bar shows when there is more than one page, stderr is
     /// a terminal and not `quiet`.
-    pub fn new(docs: &'a [Document], mode: Mode, quiet: bool) -> Self {
+    pub fn new(docs: &'a [Document], mode: Mode, quiet: bool, policy: FailurePolicy) -> Self {
         let mut starts = Vec::with_capacity(docs.len());
         let mut total = 0;
         for d in docs {
@@ -92,9 +127,13 @@ impl<'a> Output<'a> {
             finished: BTreeMap::new(),
             next: 0,
             doc_texts: Vec::new(),
-            doc_failed: false,
+            doc_failed: Vec::new(),
+            policy,
             failed_docs: 0,
+            failures: Failures::default(),
             pages_ok: 0,
+            pages_retried: 0,
+            pages_failed: [0; 3],
             tokens: 0,
             done: 0,
             start: Instant::now(),
@@ -155,56 +194,147 @@ impl<'a> Output<'a> {
 
     fn emit(&mut self, d: usize, page: usize, r: PageResult) {
         let doc = &self.docs[d];
-        let last = page + 1 == doc.pages();
-        match r {
-            Err(msg) => {
-                self.report(&format!("error: {msg}"));
-                self.doc_failed = true;
-            }
-            Ok((text, json)) => {
-                self.pages_ok += 1;
-                match &self.mode {
-                    Mode::Json => {
-                        let v = json.expect("JSON mode builds the object");
-                        self.bar.suspend(|| println!("{v}"));
-                    }
-                    Mode::Text => {
-                        let sep = if page == 0 {
-                            String::new()
-                        } else {
-                            page_separator(page + 1)
-                        };
-                        self.bar.suspend(|| print!("{sep}{text}"));
-                    }
-                    Mode::Markdown(_) => self.doc_texts.push(text),
-                }
-            }
+        let outcome = r.outcome;
+        match (&r.text, outcome.reason) {
+            (Err(msg), _) => self.report(&format!("error: {msg}")),
+            (Ok(_), Some(_)) => self.report(&format!(
+                "error: {}",
+                not_finished(&self.page_name(d, page), &outcome, self.policy.max_tokens)
+            )),
+            (Ok(_), None) => {}
         }
-        if !last {
-            return;
+        self.count(&outcome);
+        let marker = outcome.reason.map(|why| failed_marker(page + 1, why));
+        if let Some(why) = outcome.reason {
+            let mut v = json!({"page": page + 1, "reason": why, "attempts": outcome.attempts});
+            if let Err(msg) = &r.text {
+                v["error"] = json!(msg);
+            }
+            self.doc_failed.push(v);
         }
+        match &self.mode {
+            Mode::Json => {
+                let v = match r.text {
+                    Ok((_, json)) => {
+                        let mut v = json.expect("JSON mode builds the object");
+                        if let (Some(o), Value::Object(fields)) =
+                            (v.as_object_mut(), json!(outcome))
+                        {
+                            o.extend(fields);
+                        }
+                        v
+                    }
+                    Err(msg) => error_row(&doc.path, Some(page + 1), &msg, outcome.attempts),
+                };
+                self.bar.suspend(|| println!("{v}"));
+            }
+            Mode::Text => {
+                let sep = if page == 0 {
+                    String::new()
+                } else {
+                    page_separator(page + 1)
+                };
+                let text = match (marker, r.text) {
+                    (Some(m), _) => m,
+                    (None, Ok((text, _))) => text,
+                    (None, Err(_)) => String::new(),
+                };
+                self.bar.suspend(|| print!("{sep}{text}"));
+            }
+            Mode::Markdown(_) => match (marker, r.text) {
+                (Some(m), _) => self.doc_texts.push(m),
+                (None, Ok((text, _))) => self.doc_texts.push(text),
+                (None, Err(_)) => {}
+            },
+        }
+        if page + 1 == doc.pages() {
+            self.end_document(d);
+        }
+    }
+
+    /// Counts a page's outcome.
+    fn count(&mut self, o: &PageOutcome) {
+        match o.reason {
+            None => self.pages_ok += 1,
+            Some(r) => self.pages_failed[r as usize] += 1,
+        }
+        self.pages_retried += usize::from(o.status == PageStatus::Retried);
+    }
+
+    /// `3 ok, 1 retried, 1 failed (length 1)`: the pages' outcomes for the summary line.
+    pub fn page_summary(&self) -> String {
+        let failed: usize = self.pages_failed.iter().sum();
+        let mut s = format!(
+            "{} ok, {} retried, {failed} failed",
+            self.pages_ok - self.pages_retried,
+            self.pages_retried
+        );
+        let why: Vec<String> = [FailReason::Length, FailReason::Loop, FailReason::Error]
+            .iter()
+            .filter(|r| self.pages_failed[**r as usize] > 0)
+            .map(|r| format!("{r} {}", self.pages_failed[*r as usize]))
+            .collect();
+        if !why.is_empty() {
+            s.push_str(&format!(" ({})", why.join(", ")));
+        }
+        s
+    }
+
+    /// After a document's last page: writes its markdown as its [`verdict`] says and records
+    /// it as failed when a page failed or the file could not be written.
+    fn end_document(&mut self, d: usize) {
+        let doc = &self.docs[d];
+        let failed = std::mem::take(&mut self.doc_failed);
+        let texts = std::mem::take(&mut self.doc_texts);
+        let mut row = (!failed.is_empty()).then(|| {
+            json!({
+                "file": doc.path.display().to_string(),
+                "error": format!("{} of {} page(s) failed", failed.len(), doc.pages()),
+                "pages": failed,
+            })
+        });
         match &self.mode {
             Mode::Text => self.bar.suspend(|| println!()),
             Mode::Markdown(dir) => {
                 let path = md_path(dir, &doc.path);
-                if !self.doc_failed {
-                    if let Err(e) = write_md(&path, &self.doc_texts) {
-                        self.report(&format!("error: {}: {e}", doc.path.display()));
-                        self.doc_failed = true;
+                let n = failed.len();
+                let v = verdict(n, doc.pages(), self.policy.max_failed);
+                if let Some(r) = row.as_mut() {
+                    r["written"] = json!(if v == DocVerdict::Partial {
+                        json!("partial")
+                    } else {
+                        json!(false)
+                    });
+                }
+                if v == DocVerdict::Failed {
+                    if doc.kind != DocKind::Image {
+                        self.report(&format!(
+                            "error: {}: {} not written because a page failed",
+                            doc.path.display(),
+                            path.display()
+                        ));
                     }
-                } else if doc.kind != DocKind::Image {
+                } else if let Err(e) = write_md(&path, &texts) {
+                    let msg = format!("{}: {e}", doc.path.display());
+                    self.report(&format!("error: {msg}"));
+                    row.get_or_insert_with(|| json!({"file": doc.path.display().to_string()}))
+                        ["error"] = json!(msg);
+                } else if v == DocVerdict::Partial {
                     self.report(&format!(
-                        "error: {}: {} not written because a page failed",
+                        "error: {}: written to {} with {n} of {} page(s) failed, each marked \
+                         `<!-- page N failed: REASON -->`",
                         doc.path.display(),
-                        path.display()
+                        path.display(),
+                        doc.pages()
                     ));
                 }
             }
             Mode::Json => {}
         }
-        self.failed_docs += usize::from(self.doc_failed);
-        self.doc_failed = false;
-        self.doc_texts.clear();
+        if let Some(r) = row {
+            self.failed_docs += 1;
+            self.failures.rows.push(r);
+        }
     }
 
     /// Removes the progress bar; returns the seconds since the writer was made.

@@ -561,14 +561,18 @@ impl<B: Backend> Engine<B> {
 
     /// Runs all `requests` to completion, pulling them lazily (at most `max_batch` are
     /// held at once); `on_event` sees every token and completion. Results are in request
-    /// order.
+    /// order. `requests` is asked again after each step once it has returned `None`: a
+    /// caller may add requests from `on_event` (retries, [`crate::generation::outcome`]).
     pub fn run(
         &mut self,
         requests: impl IntoIterator<Item = GenRequest>,
         on_event: &mut dyn FnMut(Event),
     ) -> Vec<Result<Generation, EngineError>> {
         let mut results: Vec<Option<Result<Generation, EngineError>>> = Vec::new();
-        let mut pending = requests.into_iter().enumerate().peekable();
+        let mut requests = requests.into_iter();
+        // One request pulled ahead (as a peek would), never cached as `None`.
+        let mut pending = requests.next();
+        let mut index = 0;
         let mut batch = Batch::new();
         let mut record = |ev: Event| {
             if let Event::Done { index, result } = &ev {
@@ -580,15 +584,20 @@ impl<B: Backend> Engine<B> {
             on_event(ev);
             Flow::Continue
         };
-        while pending.peek().is_some() || !batch.is_empty() {
+        while pending.is_some() || !batch.is_empty() {
             while self.has_room(&batch) {
-                let Some((index, req)) = pending.next() else {
+                let Some(req) = pending.take() else {
                     break;
                 };
                 self.admit(&mut batch, index, req, &mut record);
+                index += 1;
+                pending = requests.next();
             }
             if !batch.is_empty() {
                 self.step(&mut batch, &mut record);
+            }
+            if pending.is_none() {
+                pending = requests.next();
             }
         }
         results

@@ -69,6 +69,7 @@ fn an_extreme_repetition_penalty_neither_fails_nor_kills_the_engine() {
     let model = common::exported();
     common::ocrctl_ok(&[
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--precision",
@@ -221,6 +222,7 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     let run = |extra: &[&str]| {
         let mut args = vec![
             "ocr",
+            "--accept-length",
             "--temperature",
             "0",
             "--model",
@@ -245,6 +247,7 @@ fn a_damaged_export_is_refused_with_the_files_name() {
     // The fp16 graphs are intact: loading them does not read the damaged file.
     let out = common::ocrctl(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",
@@ -512,6 +515,7 @@ fn resume_redoes_an_empty_markdown_file() {
     let model = common::exported();
     common::ocrctl_ok(&[
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",

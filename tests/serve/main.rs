@@ -45,6 +45,7 @@ fn cli_json(name: &str, max_tokens: usize, extra: &[&str]) -> Value {
     let img = image(name);
     let mut args = vec![
         "ocr",
+        "--accept-length",
         "--model",
         model.to_str().unwrap(),
         "--precision",
