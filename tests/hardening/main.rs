@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod images;
+mod outputs;
 
 use common::server::{chat_body, multipart, post_json_to, request, spawn_clients, Server};
 use serde_json::{json, Value};
