@@ -7,14 +7,15 @@
 //!   [`FrontLimits::header_read_timeout`], which hyper also applies to idle keep-alive
 //!   connections, so silent sockets are closed. axum's own `serve` has neither setting,
 //!   hence this small accept loop over hyper's HTTP/1 connection builder.
-//! - **Requests** ([`guard`]): headers over [`MAX_HEADER_BYTES`] get 431; a `Host` this
-//!   server does not answer to gets 403 when no API key is set (DNS rebinding: a web page
-//!   on another name must not reach a key-less local server); a declared `Content-Length`
-//!   over the body limit gets 413 before anything is read (so no `100 Continue`); JSON
-//!   routes refuse any `Content-Type` but `application/json` with 415 (a cross-site form or
-//!   `text/plain` POST cannot be sent as JSON by a browser without a preflight); a body first
-//!   takes its bytes from the server's [`BodyBudget`] (503 when they are not free within the
-//!   body timeout), then must arrive within [`FrontLimits::body_timeout`] (408).
+//! - **Requests** ([`guard`]): headers over [`MAX_HEADER_BYTES`] get 431, two `Host`
+//!   headers 400; a `Host` this server does not answer to gets 403 when no API key is set
+//!   (DNS rebinding: a web page on another name must not reach a key-less local server); a
+//!   declared `Content-Length` over the body limit gets 413 before anything is read (so no
+//!   `100 Continue`); JSON routes refuse any `Content-Type` but `application/json` with 415
+//!   (a cross-site form or `text/plain` POST cannot be sent as JSON by a browser without a
+//!   preflight); a body first takes its bytes from the server's [`BodyBudget`] (503 when
+//!   they are not free within the body timeout), then must arrive within
+//!   [`FrontLimits::body_timeout`] (408).
 //! - **Shutdown**: SIGTERM/SIGINT stops accepting, lets requests in flight finish for the
 //!   grace period, then tells streams to end with an error event (see
 //!   [`super::AppState::cut`]) and returns.
@@ -214,6 +215,13 @@ async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
         return Err(ApiError::HeadersTooLarge {
             limit_kib: MAX_HEADER_BYTES / 1024,
         });
+    }
+    // Two `Host` headers: which one a proxy, a cache or the guard below reads differs, so
+    // the request is refused (RFC 9112 §3.2: 400).
+    if h.get_all(header::HOST).iter().nth(1).is_some() {
+        return Err(ApiError::invalid(
+            "the request has more than one Host header",
+        ));
     }
     if st.cfg.api_key.is_none() {
         let host = h

@@ -1,5 +1,5 @@
-//! What the CLI writes (issue 42: N8, N10): `ocr --out` publishes each markdown file through
-//! a fresh temporary file.
+//! What the CLI writes and replaces (issue 42: N8, N10): `ocr --out` publishes each markdown
+//! file through a fresh temporary file, and `export --force` replaces only an ocrctl export.
 
 use super::common;
 use super::image;
@@ -59,3 +59,21 @@ fn ocr_out_writes_no_file_through_a_planted_link_and_writes_dot_dot_png() {
     assert_eq!(names, ["..md", "aligned.md", "aligned.md.partial"]);
 }
 
+/// N10: `export --force` wiped a folder whose `ocrctl.json` was `{}` (any folder could be
+/// made to look like an export). Now the manifest must be one ocrctl reads, and the error
+/// names it.
+#[test]
+fn export_force_refuses_a_folder_whose_manifest_is_not_ocrctls() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("mine");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("notes.txt"), "keep me").unwrap();
+    std::fs::write(notes.join("ocrctl.json"), "{}").unwrap();
+    let err = common::export_fixture_err(&notes, &["--precision", "fp32", "--force"]);
+    assert!(err.contains("mine/ocrctl.json"), "{err}");
+    assert!(err.contains("not an ocrctl manifest"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(notes.join("notes.txt")).unwrap(),
+        "keep me"
+    );
+}
