@@ -17,7 +17,7 @@ fn big_png(w: u32, h: u32) -> Vec<u8> {
     out
 }
 
-fn peak_rss_kib(pid: u32) -> u64 {
+pub(super) fn peak_rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))

@@ -1,6 +1,7 @@
 //! Regression tests for the outsider's attack on `ocrctl serve` and the CLI (issue 10): each
 //! test failed before its fix. Server tests run the tiny fixture on the CPU (fp32).
 
+mod bombs;
 #[path = "../common/mod.rs"]
 mod common;
 mod front;
