@@ -408,6 +408,16 @@ pub fn export(
             opts.out.display()
         )));
     }
+    // Nor one whose manifest is not an ocrctl manifest (a planted `{}` would make any folder
+    // look like an export).
+    if opts.out.exists() {
+        if let Err(e) = Manifest::load(&opts.out) {
+            return Err(ExportError::Invalid(format!(
+                "{e}; --force only replaces an earlier export: choose another --out or remove \
+                 it yourself"
+            )));
+        }
+    }
     let parent = opts
         .out
         .parent()

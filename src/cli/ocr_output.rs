@@ -346,6 +346,11 @@ impl<'a> Output<'a> {
 }
 
 /// Writes a document's pages (joined by [`page_separator`]) through a temporary file.
+///
+/// The temporary file is a fresh one with a random name in the same folder, created
+/// exclusively (`O_EXCL`: never through a link someone planted there), then renamed over
+/// `path`. (A fixed `NAME.md.partial` was opened through a planted symlink, and
+/// `Path::with_extension` makes `..md` into `..`.)
 fn write_md(path: &Path, pages: &[String]) -> std::io::Result<()> {
     let mut md = String::new();
     for (i, text) in pages.iter().enumerate() {
@@ -355,17 +360,23 @@ fn write_md(path: &Path, pages: &[String]) -> std::io::Result<()> {
         md.push_str(text);
     }
     md.push('\n');
-    let tmp = path.with_extension("md.partial");
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     // The data reaches the disk before the rename publishes it, and the rename before we
     // report success: after a crash `--resume` sees either the whole file or none.
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, md.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".ocrctl-")
+            .suffix(".md.partial")
+            // What `File::create` gives (less the umask), not the temporary file's 0600.
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .tempfile_in(dir)?;
+        std::io::Write::write_all(&mut tmp, md.as_bytes())?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        std::fs::File::open(dir)?.sync_all()?;
         Ok(())
     };
     write().map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))

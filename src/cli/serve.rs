@@ -46,9 +46,13 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one; the chosen address is printed).
     #[arg(long, env = "OCRCTL_PORT", default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/* (compared in constant time).
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics (compared in constant time;
+    /// /health stays open).
     #[arg(long, env = "OCRCTL_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Serve /metrics without the API key (for a scraper that cannot send it).
+    #[arg(long, env = "OCRCTL_OPEN_METRICS")]
+    open_metrics: bool,
     /// Fetch `http://` image URLs given in requests (off: only data: URLs are accepted).
     #[arg(long, env = "OCRCTL_ALLOW_REMOTE_IMAGES")]
     allow_remote_images: bool,
@@ -82,8 +86,12 @@ pub struct ServeArgs {
     /// Seconds a request's body has to arrive.
     #[arg(long, env = "OCRCTL_BODY_TIMEOUT", default_value_t = 60)]
     body_timeout: u64,
+    /// Seconds a response may wait for the client to take any bytes before the connection is
+    /// closed (a stream whose client stops reading is also cancelled once 4 MiB wait unread).
+    #[arg(long, env = "OCRCTL_WRITE_TIMEOUT", default_value_t = 30)]
+    write_timeout: u64,
     /// Memory for request bodies held at once, MiB: a body takes twice its Content-Length
-    /// (what reading and parsing it hold at their peak) before it is read, and
+    /// (what reading and parsing it hold at their peak) when its first bytes arrive, and
     /// gives it back once its images are preprocessed; when that does not free up within
     /// --body-timeout the request gets 503.
     #[arg(long, env = "OCRCTL_BODY_MEMORY_MB", default_value_t = 1024)]
@@ -248,8 +256,11 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--batch-size must be at least 1");
     }
     opts.kv_slots = batch;
-    if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
-        anyhow::bail!("--max-connections, --header-timeout and --body-timeout must be at least 1");
+    if [a.header_timeout, a.body_timeout, a.write_timeout].contains(&0) || a.max_connections == 0 {
+        anyhow::bail!(
+            "--max-connections, --header-timeout, --body-timeout and --write-timeout must be at \
+             least 1"
+        );
     }
     if a.body_memory_mb == 0 {
         anyhow::bail!("--body-memory-mb must be at least 1");
@@ -297,6 +308,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             max_new_tokens_limit: profile.max_new_tokens_limit as usize,
             max_sequence_length: profile.max_sequence_length as usize,
             api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+            open_metrics: a.open_metrics,
             allow_remote_images: a.allow_remote_images,
             request_timeout: Duration::from_secs(a.request_timeout),
             defaults,
@@ -310,6 +322,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                 max_connections: a.max_connections,
                 header_read_timeout: Duration::from_secs(a.header_timeout),
                 body_timeout: Duration::from_secs(a.body_timeout),
+                write_timeout: Duration::from_secs(a.write_timeout),
                 allowed_hosts: a.allowed_hosts.clone(),
             },
         },

@@ -4,12 +4,12 @@
 
 use super::error::ApiError;
 use super::openai;
+use super::outbox::EventRx;
 use super::worker::JobEvent;
 use axum::response::sse::{Event as SseEvent, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
 /// A finished job's output.
@@ -30,7 +30,7 @@ fn cut_error() -> ApiError {
 
 /// The next event of a job, or its failure when the server's grace period ended first.
 pub(super) async fn next_event(
-    rx: &mut UnboundedReceiver<JobEvent>,
+    rx: &mut EventRx,
     cut: &mut watch::Receiver<bool>,
 ) -> Option<JobEvent> {
     tokio::select! {
@@ -40,7 +40,7 @@ pub(super) async fn next_event(
 }
 
 pub(super) async fn collect(
-    mut rx: UnboundedReceiver<JobEvent>,
+    mut rx: EventRx,
     mut cut: watch::Receiver<bool>,
 ) -> Result<Collected, ApiError> {
     let mut text = String::new();
@@ -83,7 +83,7 @@ fn data(v: &Value) -> SseEvent {
 /// usage, `[DONE]`; a failure (the server's shutdown deadline too) becomes an
 /// `{"error": …}` event before `[DONE]`.
 pub(super) fn sse(
-    rx: UnboundedReceiver<JobEvent>,
+    rx: EventRx,
     cut: watch::Receiver<bool>,
     id: String,
     created: u64,

@@ -5,16 +5,20 @@
 //!   are taken the listener is not polled, so new ones wait in the kernel's backlog instead
 //!   of taking file descriptors); a connection must send a request head within
 //!   [`FrontLimits::header_read_timeout`], which hyper also applies to idle keep-alive
-//!   connections, so silent sockets are closed. axum's own `serve` has neither setting,
-//!   hence this small accept loop over hyper's HTTP/1 connection builder.
-//! - **Requests** ([`guard`]): headers over [`MAX_HEADER_BYTES`] get 431; a `Host` this
-//!   server does not answer to gets 403 when no API key is set (DNS rebinding: a web page
-//!   on another name must not reach a key-less local server); a declared `Content-Length`
-//!   over the body limit gets 413 before anything is read (so no `100 Continue`); JSON
-//!   routes refuse any `Content-Type` but `application/json` with 415 (a cross-site form or
-//!   `text/plain` POST cannot be sent as JSON by a browser without a preflight); a body first
-//!   takes its bytes from the server's [`BodyBudget`] (503 when they are not free within the
-//!   body timeout), then must arrive within [`FrontLimits::body_timeout`] (408).
+//!   connections, so silent sockets are closed; a response write that the client does not
+//!   take within [`FrontLimits::write_timeout`] closes the connection too. axum's own
+//!   `serve` has none of these settings, hence this small accept loop over hyper's HTTP/1
+//!   connection builder.
+//! - **Requests** ([`guard`]): headers over [`MAX_HEADER_BYTES`] get 431, two `Host`
+//!   headers 400; a `Host` this server does not answer to gets 403 when no API key is set
+//!   (DNS rebinding: a web page on another name must not reach a key-less local server); a
+//!   declared `Content-Length` over the body limit gets 413 before anything is read (so no
+//!   `100 Continue`); JSON routes refuse any `Content-Type` but `application/json` with 415
+//!   (a cross-site form or `text/plain` POST cannot be sent as JSON by a browser without a
+//!   preflight); once its first bytes are here a body takes its share of the server's
+//!   [`BodyBudget`] (503 when it is not free in time), and the whole body must arrive within
+//!   [`FrontLimits::body_timeout`], with no pause longer than the header timeout (408: a
+//!   stalled body gives its share back).
 //! - **Shutdown**: SIGTERM/SIGINT stops accepting, lets requests in flight finish for the
 //!   grace period, then tells streams to end with an error event (see
 //!   [`super::AppState::cut`]) and returns.
@@ -49,6 +53,9 @@ pub struct FrontLimits {
     pub header_read_timeout: Duration,
     /// Time a request's body has to arrive.
     pub body_timeout: Duration,
+    /// Time a response write may wait for the client to take bytes before the connection
+    /// is closed (see [`super::write_timeout`]).
+    pub write_timeout: Duration,
     /// Host names (besides IP literals and `localhost`) a key-less server answers to.
     pub allowed_hosts: Vec<String>,
 }
@@ -59,15 +66,17 @@ impl Default for FrontLimits {
             max_connections: 512,
             header_read_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
             allowed_hosts: Vec::new(),
         }
     }
 }
 
 /// Memory for request bodies held at once, across all connections: a POST takes
-/// [`BODY_COPIES`] times its `Content-Length` (the body limit when it declares none) before its
-/// body is read, and holds it until its handler is done with the bytes ([`BodyPermit`]). A body
-/// larger than the whole budget waits until it can be read alone.
+/// [`BODY_COPIES`] times its `Content-Length` (the body limit when it declares none) when its
+/// first bytes arrive (not before: a head alone holds nothing), and holds it until its handler
+/// is done with the bytes ([`BodyPermit`]). A body larger than the whole budget waits until it
+/// can be read alone.
 ///
 /// Why: every route reads its body whole, so at the defaults (512 connections, 64 MiB bodies)
 /// the bodies alone could hold 32 GiB; 32 concurrent 60 MB chat bodies took the fixture server
@@ -215,6 +224,13 @@ async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
             limit_kib: MAX_HEADER_BYTES / 1024,
         });
     }
+    // Two `Host` headers: which one a proxy, a cache or the guard below reads differs, so
+    // the request is refused (RFC 9112 §3.2: 400).
+    if h.get_all(header::HOST).iter().nth(1).is_some() {
+        return Err(ApiError::invalid(
+            "the request has more than one Host header",
+        ));
+    }
     if st.cfg.api_key.is_none() {
         let host = h
             .get(header::HOST)
@@ -252,53 +268,80 @@ async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
             "this route takes Content-Type: application/json (got {got})"
         )));
     }
-    let secs = st.cfg.front.body_timeout.as_secs();
-    let permit = st
-        .body_budget
-        .acquire(
-            BODY_COPIES * declared.unwrap_or(limit as u64),
-            st.cfg.front.body_timeout,
-        )
+    let front = &st.cfg.front;
+    let secs = front.body_timeout.as_secs();
+    let timed_out = || {
+        ApiError::BodyTimeout(format!(
+            "the request body did not arrive within {secs} s (--body-timeout)"
+        ))
+    };
+    let deadline = tokio::time::Instant::now() + front.body_timeout;
+    let (parts, mut body) = req.into_parts();
+    // Nothing is taken from the budget before the body's first bytes are here: a head that
+    // declares 64 MiB and sends nothing held 128 MiB of it until the body timeout.
+    let first = tokio::time::timeout_at(deadline, next_data(&mut body))
         .await
-        .ok_or_else(|| {
-            ApiError::Unavailable(format!(
-                "other requests' bodies hold the memory for request bodies \
-                 (--body-memory-mb) and it did not free up within {secs} s; retry"
-            ))
-        })?;
-    let (parts, body) = req.into_parts();
+        .map_err(|_| timed_out())??;
+    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let share = BODY_COPIES * declared.unwrap_or(limit as u64);
+    let permit = st.body_budget.acquire(share, wait).await.ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "other requests' bodies hold the memory for request bodies \
+             (--body-memory-mb) and it did not free up within {secs} s; retry"
+        ))
+    })?;
     let capacity = declared.map_or(0, |n| n as usize);
-    let bytes = tokio::time::timeout(st.cfg.front.body_timeout, read_body(body, limit, capacity))
+    let read = read_body(first, body, limit, capacity, front.header_read_timeout);
+    let bytes = tokio::time::timeout_at(deadline, read)
         .await
-        .map_err(|_| {
-            ApiError::BodyTimeout(format!(
-                "the request body did not arrive within {secs} s (--body-timeout)"
-            ))
-        })??;
+        .map_err(|_| timed_out())??;
     let mut req = Request::from_parts(parts, Body::from(bytes));
     req.extensions_mut().insert(permit);
     Ok(req)
 }
 
-/// Reads `body` (at most `limit` bytes, else 413) into one buffer of `capacity` bytes (the
-/// declared length), each chunk appended and dropped as it arrives. Why not axum's `to_bytes`:
-/// it keeps every chunk until the end and then copies them into one buffer, twice the body at
-/// its peak.
-async fn read_body(body: Body, limit: usize, capacity: usize) -> Result<bytes::Bytes, ApiError> {
+/// The next data of `body` (trailers skipped); `None` at its end.
+async fn next_data(body: &mut Body) -> Result<Option<bytes::Bytes>, ApiError> {
     use http_body_util::BodyExt;
-    let mut body = body;
-    let mut buf = bytes::BytesMut::with_capacity(capacity.min(limit));
     while let Some(frame) = body.frame().await {
         let frame =
             frame.map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
-                return Err(ApiError::TooLarge {
-                    limit_mb: (limit / (1024 * 1024)) as u64,
-                });
-            }
-            buf.extend_from_slice(&data);
+            return Ok(Some(data));
         }
+    }
+    Ok(None)
+}
+
+/// Reads `first` and the rest of `body` (at most `limit` bytes, else 413) into one buffer of
+/// `capacity` bytes (the declared length), each chunk appended and dropped as it arrives; a
+/// body that sends nothing for `stall` gets 408 (and so gives its share of the budget back
+/// long before the body timeout). Why not axum's `to_bytes`: it keeps every chunk until the
+/// end and then copies them into one buffer, twice the body at its peak.
+async fn read_body(
+    first: Option<bytes::Bytes>,
+    mut body: Body,
+    limit: usize,
+    capacity: usize,
+    stall: Duration,
+) -> Result<bytes::Bytes, ApiError> {
+    let mut buf = bytes::BytesMut::with_capacity(capacity.min(limit));
+    let mut next = first;
+    while let Some(data) = next {
+        if buf.len() + data.len() > limit {
+            return Err(ApiError::TooLarge {
+                limit_mb: (limit / (1024 * 1024)) as u64,
+            });
+        }
+        buf.extend_from_slice(&data);
+        next = tokio::time::timeout(stall, next_data(&mut body))
+            .await
+            .map_err(|_| {
+                ApiError::BodyTimeout(format!(
+                    "the request body stalled: no bytes for {} s (--header-timeout)",
+                    stall.as_secs()
+                ))
+            })??;
     }
     Ok(buf.freeze())
 }
@@ -343,6 +386,7 @@ pub async fn serve(
         let svc = TowerToHyperService::new(app.clone());
         let mut closing = closing.clone();
         let header_timeout = limits.header_read_timeout;
+        let stream = super::write_timeout::WriteTimeout::new(stream, limits.write_timeout);
         tokio::spawn(async move {
             let _permit = permit;
             let mut b = http1::Builder::new();

@@ -13,9 +13,19 @@ use std::time::Duration;
 /// How long a remote image fetch may take.
 pub const REMOTE_FETCH_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Bytes a decode may take per pixel: the decoder's own buffer at up to 8 bytes a pixel
-/// (16-bit RGBA) plus the 3-byte RGB copy preprocessing reads.
+/// Bytes a decode takes per pixel at least: the decoder's own buffer at up to 8 bytes a pixel
+/// (16-bit RGBA) plus the 3-byte RGB copy preprocessing reads. Formats with wider pixels and
+/// rotated images take more: [`decode_bytes_per_pixel`].
 const DECODE_BYTES_PER_PIXEL: u64 = 11;
+
+/// Bytes a decode takes per pixel of an image whose decoder gives `bpp`-byte pixels, `rotated`
+/// when its EXIF orientation is applied (a second buffer of the decoded pixels while it is
+/// rotated): the decoded pixels (twice when rotated), an 8-bit RGBA step and the RGB copy,
+/// at least [`DECODE_BYTES_PER_PIXEL`]. (A 9000² float32 RGBA TIFF of orientation 6 took
+/// 2.47 GB, 30 bytes a pixel, against 11 reserved.)
+fn decode_bytes_per_pixel(bpp: u64, rotated: bool) -> u64 {
+    (bpp * (1 + u64::from(rotated)) + 4 + 3).max(DECODE_BYTES_PER_PIXEL)
+}
 
 /// What a PDF page costs: one bitmap at the renderer's largest side, 4 bytes a pixel.
 const PDF_PAGE_BYTES: u64 =
@@ -96,13 +106,22 @@ impl DecodeBudget {
     }
 }
 
-/// `(width, height)` from an image's header, without decoding it.
-fn header_size(bytes: &[u8]) -> Option<(u32, u32)> {
-    image::ImageReader::new(std::io::Cursor::new(bytes))
+/// `(width, height, bytes a decode takes per pixel)` from an image's header (and EXIF),
+/// without decoding it; compressed PNG metadata is left out as decoding leaves it out.
+fn header(bytes: &[u8]) -> Option<(u32, u32, u64)> {
+    use image::ImageDecoder;
+    let png = preprocess::without_compressed_metadata(bytes);
+    let mut d = image::ImageReader::new(std::io::Cursor::new(&*png))
         .with_guessed_format()
         .ok()?
-        .into_dimensions()
-        .ok()
+        .into_decoder()
+        .ok()?;
+    let (w, h) = d.dimensions();
+    let bpp = u64::from(d.color_type().bytes_per_pixel());
+    let rotated = d
+        .orientation()
+        .is_ok_and(|o| o != image::metadata::Orientation::NoTransforms);
+    Some((w, h, decode_bytes_per_pixel(bpp, rotated)))
 }
 
 /// What the uploads of one request will take once preprocessed, known from their headers before
@@ -113,7 +132,7 @@ pub struct Plan {
     /// format counts 0 and fails to decode).
     pub tokens: usize,
     /// What to take from the [`DecodeBudget`] for the whole request: the largest decode (from
-    /// the header's size, [`DECODE_BYTES_PER_PIXEL`]; a PDF's pages at [`PDF_PAGE_BYTES`] each;
+    /// the header's size and pixel type, [`decode_bytes_per_pixel`]; a PDF's pages at [`PDF_PAGE_BYTES`] each;
     /// 0 for an unknown format, which fails to decode at once) plus
     /// every page's preprocessed pixels (8-bit RGB, 3 bytes a pixel: [`preprocess::Pixels`]),
     /// which the request holds until it is queued.
@@ -146,11 +165,11 @@ pub fn plan<'a>(
             let side = crate::documents::pdf::PDF_MAX_SIDE;
             plan.bytes += page(side, side).1 * max_pages as u64;
             PDF_PAGE_BYTES * max_pages as u64
-        } else if let Some((w, h)) = header_size(bytes) {
+        } else if let Some((w, h, per_pixel)) = header(bytes) {
             let (tokens, px) = page(w, h);
             plan.tokens += tokens;
             plan.bytes += px;
-            u64::from(w) * u64::from(h) * DECODE_BYTES_PER_PIXEL
+            u64::from(w) * u64::from(h) * per_pixel
         } else {
             0
         };

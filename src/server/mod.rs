@@ -17,11 +17,13 @@ pub mod front;
 pub mod images;
 pub mod metrics;
 pub mod openai;
+pub mod outbox;
 mod page;
 pub mod queue;
 mod routes;
 pub mod stops;
 pub mod worker;
+pub mod write_timeout;
 
 use crate::generation::sampling::SamplingParams;
 use crate::model::preprocess::PreprocessConfig;
@@ -52,6 +54,8 @@ pub struct ServerConfig {
     /// Prompt + new tokens of one sequence.
     pub max_sequence_length: usize,
     pub api_key: Option<String>,
+    /// `/metrics` answers without the API key (it needs the key by default when one is set).
+    pub open_metrics: bool,
     pub allow_remote_images: bool,
     pub request_timeout: Duration,
     /// Sampling defaults (from `generation_config.json`); requests override them.
@@ -112,10 +116,13 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Checks `Authorization: Bearer KEY` on `/v1/*` when an API key is set.
+/// Checks `Authorization: Bearer KEY` on `/v1/*` and `/metrics` (unless
+/// [`ServerConfig::open_metrics`]) when an API key is set. `/health` stays open for probes,
+/// `/` (a static page that asks for the key) for browsers.
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
-        if req.uri().path().starts_with("/v1/") {
+        let path = req.uri().path();
+        if path.starts_with("/v1/") || (path == "/metrics" && !st.cfg.open_metrics) {
             // The auth scheme is case-insensitive (RFC 7235 §2.1).
             let given = req
                 .headers()

@@ -6,6 +6,7 @@ use super::events::{collect, next_event, sse};
 use super::images;
 use super::metrics::{rss_bytes, EngineGauges, Gauges};
 use super::openai::{self, ChatParams};
+use super::outbox::{self, EventRx};
 use super::worker::{Job, JobEvent, ModelState};
 use super::AppState;
 use crate::documents::inputs::page_separator;
@@ -24,7 +25,6 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 type St = State<Arc<AppState>>;
 
@@ -326,8 +326,8 @@ pub(crate) fn job(
     req: GenRequest,
     stop: Vec<String>,
     accepted: Instant,
-) -> (Job, UnboundedReceiver<JobEvent>) {
-    let (tx, rx) = unbounded_channel();
+) -> (Job, EventRx) {
+    let (tx, rx) = outbox::channel(outbox::MAX_UNREAD_BYTES);
     (
         Job {
             id,

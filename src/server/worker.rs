@@ -8,6 +8,7 @@
 
 use super::error::ApiError;
 use super::metrics::Metrics;
+use super::outbox::EventTx;
 use super::queue::EngineSlot;
 pub use super::queue::{ModelState, Shared};
 use super::stops::StopMatcher;
@@ -20,7 +21,6 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedSender;
 
 /// One request for the engine.
 pub struct Job {
@@ -32,8 +32,9 @@ pub struct Job {
     /// When the request was accepted (for time-to-first-token).
     pub accepted: Instant,
     pub deadline: Instant,
-    /// Where the request's [`JobEvent`]s go; dropping the receiver cancels the job.
-    pub events: UnboundedSender<JobEvent>,
+    /// Where the request's [`JobEvent`]s go; dropping the receiver, or leaving too much of
+    /// them unread, cancels the job.
+    pub events: EventTx,
 }
 
 /// What a handler hears about its job.
@@ -55,7 +56,7 @@ pub enum JobEvent {
 
 /// Text assembly of one running job.
 struct Running {
-    events: UnboundedSender<JobEvent>,
+    events: EventTx,
     decoder: StreamDecoder,
     text: String,
     /// Bytes of `text` already sent.
@@ -101,7 +102,7 @@ impl Running {
         let text = self.text[self.sent..end.max(self.sent)].to_string();
         self.sent = end.max(self.sent);
         let logprobs = std::mem::take(&mut self.pending_logprobs);
-        self.events.send(JobEvent::Delta { text, logprobs }).is_ok()
+        self.events.send(JobEvent::Delta { text, logprobs })
     }
 }
 

@@ -17,7 +17,7 @@ fn big_png(w: u32, h: u32) -> Vec<u8> {
     out
 }
 
-fn peak_rss_kib(pid: u32) -> u64 {
+pub(super) fn peak_rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -38,7 +38,7 @@ fn chat_concurrently(s: &Server, n: usize, body: String, status: u16) {
 }
 
 /// The value of the unlabelled gauge `name` in the server's `/metrics`.
-fn gauge(s: &Server, name: &str) -> u64 {
+pub(super) fn gauge(s: &Server, name: &str) -> u64 {
     let m = s.get("/metrics").unwrap().text();
     m.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))

@@ -1,9 +1,12 @@
 //! Regression tests for the outsider's attack on `ocrctl serve` and the CLI (issue 10): each
 //! test failed before its fix. Server tests run the tiny fixture on the CPU (fp32).
 
+mod bombs;
 #[path = "../common/mod.rs"]
 mod common;
+mod front;
 mod images;
+mod outputs;
 
 use common::server::{chat_body, multipart, post_json_to, request, spawn_clients, Server};
 use serde_json::{json, Value};

@@ -2,6 +2,8 @@
 //! from the header, transparency composited over white.
 
 use super::*;
+use image::ImageFormat;
+use std::io::Read;
 
 /// Loads an image file as 8-bit RGB, refusing it before decoding when it is empty or has more
 /// than `max_pixels` pixels (see [`DEFAULT_MAX_PIXELS`]).
@@ -28,31 +30,93 @@ pub fn decode_image_bytes(
     decode_reader(Cursor::new(bytes), what, max_pixels, None)
 }
 
+/// PNG chunks whose payload is compressed and that decoding does not need: an ICC profile
+/// (`iCCP`, not applied) and compressed text (`zTXt`, `iTXt`). The `png` crate inflates them up
+/// to its whole allocation limit (a 1 MB PNG whose `iCCP` inflates to 1 GiB added 1 GB per
+/// decode, and the header is read once more to plan the decode), and the `image` crate gives
+/// no way to skip them.
+const PNG_SKIPPED: [&[u8; 4]; 3] = [b"iCCP", b"zTXt", b"iTXt"];
+
+/// `png` without its [`PNG_SKIPPED`] chunks (borrowed when it has none, or is not a PNG).
+/// The rest is copied as it is, damaged chunks included, for the decoder to judge.
+pub fn without_compressed_metadata(png: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    const SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+    if !png.starts_with(SIGNATURE) {
+        return png.into();
+    }
+    // (start, end) of every chunk, up to the first one whose length runs past the end.
+    let mut chunks = Vec::new();
+    let mut at = SIGNATURE.len();
+    while let Some(head) = png.get(at..at + 8) {
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let end = at.saturating_add(12).saturating_add(len);
+        if end > png.len() {
+            break;
+        }
+        chunks.push((at, end));
+        at = end;
+    }
+    let skipped = |&(s, _): &(usize, usize)| PNG_SKIPPED.iter().any(|k| &png[s + 4..s + 8] == *k);
+    if !chunks.iter().any(skipped) {
+        return png.into();
+    }
+    let mut out = Vec::with_capacity(png.len());
+    out.extend_from_slice(SIGNATURE);
+    for c in chunks.iter().filter(|c| !skipped(c)) {
+        out.extend_from_slice(&png[c.0..c.1]);
+    }
+    out.extend_from_slice(&png[at..]);
+    out.into()
+}
+
 pub(crate) fn decode_reader<R: BufRead + Seek>(
     reader: R,
     what: &str,
     max_pixels: u64,
     path: Option<&Path>,
 ) -> Result<RgbImage, PreprocessError> {
+    let io_err = |source: std::io::Error| match path {
+        Some(p) => PreprocessError::Io {
+            path: p.to_path_buf(),
+            source,
+        },
+        None => PreprocessError::Decode {
+            what: what.to_string(),
+            source: image::ImageError::IoError(source),
+        },
+    };
+    let reader = ImageReader::new(reader)
+        .with_guessed_format()
+        .map_err(io_err)?;
+    match reader.format() {
+        None => Err(PreprocessError::UnknownFormat {
+            what: what.to_string(),
+        }),
+        // Read whole to leave out the chunks the decoder would inflate for nothing.
+        Some(ImageFormat::Png) => {
+            let mut bytes = Vec::new();
+            reader
+                .into_inner()
+                .read_to_end(&mut bytes)
+                .map_err(io_err)?;
+            let png = without_compressed_metadata(&bytes);
+            let reader = ImageReader::with_format(Cursor::new(&*png), ImageFormat::Png);
+            decode_with(reader, what, max_pixels)
+        }
+        Some(_) => decode_with(reader, what, max_pixels),
+    }
+}
+
+/// Decodes what `reader` holds (its format known), as [`decode_reader`] says.
+fn decode_with<R: BufRead + Seek>(
+    mut reader: ImageReader<R>,
+    what: &str,
+    max_pixels: u64,
+) -> Result<RgbImage, PreprocessError> {
     let decode_err = |source: image::ImageError| PreprocessError::Decode {
         what: what.to_string(),
         source,
     };
-    let mut reader =
-        ImageReader::new(reader)
-            .with_guessed_format()
-            .map_err(|source| match path {
-                Some(p) => PreprocessError::Io {
-                    path: p.to_path_buf(),
-                    source,
-                },
-                None => decode_err(image::ImageError::IoError(source)),
-            })?;
-    if reader.format().is_none() {
-        return Err(PreprocessError::UnknownFormat {
-            what: what.to_string(),
-        });
-    }
     // The pixel budget below is the real guard; this only lifts the decoder's default 512 MiB
     // allocation cap so that a 16-bit RGBA image within the budget still decodes.
     let mut limits = Limits::default();

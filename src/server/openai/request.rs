@@ -30,8 +30,12 @@ pub const MAX_STOP_STRINGS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 1024;
 /// Largest `top_logprobs` (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
-/// Most messages in one request.
+/// Most messages in one request (counted while parsing).
 pub const MAX_MESSAGES: usize = 256;
+/// Most content parts in one message (counted while parsing): 2.4 M empty text parts in a
+/// 62 MB body passed the text-size check (0 bytes) and took 5.3 GB in the chat template and
+/// the tokenizer.
+pub const MAX_PARTS: usize = 256;
 /// Most ids one request's `logit_bias` may list (this server's bound on a request's
 /// per-step sampling work; OpenAI does not publish one).
 pub const MAX_LOGIT_BIAS: usize = 1024;
@@ -44,6 +48,7 @@ pub struct ChatCompletionRequest {
     /// The model name; when given it must be the served model's.
     pub model: Option<String>,
     /// The conversation (required, 1 to [`MAX_MESSAGES`] messages).
+    #[serde(default, deserialize_with = "messages")]
     pub messages: Option<Vec<Message>>,
     /// Tokens to generate at most (the legacy name of `max_completion_tokens`).
     pub max_tokens: Option<u64>,
@@ -126,11 +131,52 @@ impl<'de> Deserialize<'de> for Content {
                 Ok(Content::default())
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
-                Vec::deserialize(SeqAccessDeserializer::new(seq)).map(Content::Parts)
+                bounded(seq, MAX_PARTS, "content parts per message").map(Content::Parts)
             }
         }
         d.deserialize_any(V)
     }
+}
+
+/// The elements of `seq`, refused as soon as there are more than `max` (so a long list is
+/// never held whole); `what` names them in the error.
+fn bounded<'de, T: Deserialize<'de>, A: SeqAccess<'de>>(
+    mut seq: A,
+    max: usize,
+    what: &str,
+) -> Result<Vec<T>, A::Error> {
+    let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(max));
+    while let Some(x) = seq.next_element()? {
+        if v.len() == max {
+            return Err(de::Error::custom(format_args!("at most {max} {what}")));
+        }
+        v.push(x);
+    }
+    Ok(v)
+}
+
+/// `messages`, at most [`MAX_MESSAGES`] of them (`null` is the same as absent).
+fn messages<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Message>>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<Vec<Message>>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a sequence")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            bounded(seq, MAX_MESSAGES, "messages per request").map(Some)
+        }
+    }
+    d.deserialize_option(V)
 }
 
 /// One part of a list content: `{"type": "text", "text": …}` or

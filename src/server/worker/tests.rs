@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::runtime::fake::FakeBackend;
+use crate::server::outbox::EventRx;
 use tokio::sync::mpsc::error::TryRecvError;
 
 /// Counts up from the last prompt id through the fixture tokenizer's digits ('0'..'9' are
@@ -50,12 +51,8 @@ fn start(delay_ms: u64, batch: usize, queue: usize) -> Arc<Shared> {
     shared
 }
 
-fn job(
-    max: usize,
-    stop: &[&str],
-    timeout: Duration,
-) -> (Job, tokio::sync::mpsc::UnboundedReceiver<JobEvent>) {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+fn job(max: usize, stop: &[&str], timeout: Duration) -> (Job, EventRx) {
+    let (tx, rx) = crate::server::outbox::channel(crate::server::outbox::MAX_UNREAD_BYTES);
     let now = Instant::now();
     (
         Job {
@@ -71,7 +68,7 @@ fn job(
 }
 
 /// Waits for the next event (blocking, with a bound).
-fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<JobEvent>) -> JobEvent {
+fn next(rx: &mut EventRx) -> JobEvent {
     let t = Instant::now();
     loop {
         match rx.try_recv() {
@@ -84,7 +81,7 @@ fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<JobEvent>) -> JobEvent {
     }
 }
 
-fn text_of(rx: &mut tokio::sync::mpsc::UnboundedReceiver<JobEvent>) -> (String, JobEvent) {
+fn text_of(rx: &mut EventRx) -> (String, JobEvent) {
     let mut text = String::new();
     loop {
         match next(rx) {

@@ -320,3 +320,38 @@ fn data_urls_are_decoded_while_parsing() {
         Some(Url::Other("https://example.com/a.png".into()))
     );
 }
+
+/// Parts and messages are counted while parsing: one past the limit is refused, naming the
+/// list and the limit.
+#[test]
+fn parts_and_messages_are_counted_while_parsing() {
+    let part = json!({"type": "text", "text": ""});
+    let parts = |n: usize| json!([{"role": "user", "content": vec![part.clone(); n]}]);
+    let body = |messages: Value| json!({ "messages": messages }).to_string();
+    let p = parse_chat(body(parts(MAX_PARTS)).as_bytes()).unwrap();
+    assert_eq!(
+        p.messages[0]["content"].as_array().unwrap().len(),
+        MAX_PARTS
+    );
+    let e = err(&body(parts(MAX_PARTS + 1)));
+    assert_eq!(param(&e), "messages[0].content");
+    assert!(
+        e.to_string()
+            .contains(&format!("at most {MAX_PARTS} content parts per message")),
+        "{e}"
+    );
+    let message = json!({"role": "user", "content": ""});
+    assert!(parse_chat(body(json!(vec![message.clone(); MAX_MESSAGES])).as_bytes()).is_ok());
+    let e = err(&body(json!(vec![message; MAX_MESSAGES + 1])));
+    assert_eq!(param(&e), "messages");
+    assert!(
+        e.to_string()
+            .contains(&format!("at most {MAX_MESSAGES} messages per request")),
+        "{e}"
+    );
+    let e = err(r#"{"messages":null}"#);
+    assert!(
+        e.to_string().contains("missing required field messages"),
+        "{e}"
+    );
+}
