@@ -114,7 +114,9 @@ impl<'a> Output<'a> {
         let doc = &self.docs[d];
         match doc.kind {
             DocKind::Image => doc.path.display().to_string(),
-            DocKind::Pdf { .. } => format!("{}: page {}", doc.path.display(), page + 1),
+            DocKind::Pdf { .. } => {
+                format!("{}: page {}", doc.path.display(), doc.page_number(page))
+            }
         }
     }
 
@@ -172,7 +174,7 @@ impl<'a> Output<'a> {
                         let sep = if page == 0 {
                             String::new()
                         } else {
-                            page_separator(page + 1)
+                            page_separator(doc.page_number(page))
                         };
                         self.bar.suspend(|| print!("{sep}{text}"));
                     }
@@ -188,7 +190,7 @@ impl<'a> Output<'a> {
             Mode::Markdown(dir) => {
                 let path = md_path(dir, &doc.path);
                 if !self.doc_failed {
-                    if let Err(e) = write_md(&path, &self.doc_texts) {
+                    if let Err(e) = write_md(&path, &self.doc_texts, doc) {
                         self.report(&format!("error: {}: {e}", doc.path.display()));
                         self.doc_failed = true;
                     }
@@ -216,11 +218,11 @@ impl<'a> Output<'a> {
 }
 
 /// Writes a document's pages (joined by [`page_separator`]) through a temporary file.
-fn write_md(path: &Path, pages: &[String]) -> std::io::Result<()> {
+fn write_md(path: &Path, pages: &[String], doc: &Document) -> std::io::Result<()> {
     let mut md = String::new();
     for (i, text) in pages.iter().enumerate() {
         if i > 0 {
-            md.push_str(&page_separator(i + 1));
+            md.push_str(&page_separator(doc.page_number(i)));
         }
         md.push_str(text);
     }
