@@ -444,3 +444,52 @@ fn cut_pages_are_retried_then_failed_and_never_written_as_complete() {
     );
     assert_eq!(v["finish_reason"], "stop");
 }
+
+/// `--pages`: only the pages chosen are read, numbered as in the file; a page past the end
+/// fails that document by name and page count, while the others still run.
+#[test]
+fn page_ranges_read_only_the_pages_chosen() {
+    let d = tempfile::tempdir().unwrap();
+    let scan = d.path().join("scan.pdf");
+    std::fs::copy(pdf_fixture("two_pages.pdf"), &scan).unwrap();
+    let scan = scan.to_str().unwrap();
+    let all = json_lines(&ocr(&["--json", scan]).stdout);
+    assert_eq!(all.len(), 2);
+
+    let o = ocr(&["--json", "--pages", "2-", scan]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json_lines(&o.stdout);
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0]["page"], 2);
+    assert_eq!(v[0]["text"], all[1]["text"]);
+
+    // --out: the document holds the chosen pages only, in file order, each once.
+    let md = d.path().join("md");
+    let o = ocr(&["--out", md.to_str().unwrap(), "--pages", "2,1-2", scan]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(md.join("scan.md")).unwrap();
+    let (p1, p2) = (
+        all[0]["text"].as_str().unwrap(),
+        all[1]["text"].as_str().unwrap(),
+    );
+    assert_eq!(text, format!("{p1}\n\n<!-- page 2 -->\n\n{p2}\n"));
+
+    // A page past the end: that document fails, named with its page count; an image still runs.
+    let png = fixture().join("images/aligned.png");
+    let o = ocr(&["--json", "--pages", "1,3", scan, png.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "error: {scan}: pages 1,3: page 3 is past the end (the document has 2 pages)"
+        )),
+        "{err}"
+    );
+    assert_eq!(json_lines(&o.stdout).len(), 1, "the image was read");
+
+    // Page 0 and reversed ranges are refused before anything runs.
+    for (bad, why) in [("0-2", "numbered from 1"), ("2-1", "reversed")] {
+        let err = ocrctl_err(&["ocr", "--model", "m", "--pages", bad, scan]);
+        assert!(err.contains("--pages") && err.contains(why), "{bad}: {err}");
+    }
+}

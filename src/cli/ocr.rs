@@ -96,6 +96,10 @@ pub struct OcrArgs {
     /// decided by each file's name, so the N shards partition any listing of the same files.
     #[arg(long, env = "OCRCTL_SHARD", value_name = "K/N")]
     shard: Option<inputs::Shard>,
+    /// Read only these pages of each PDF, e.g. `1-3,7` or `5-` (to the end); a page past
+    /// a document's end fails that document. Images are read whole.
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    pages: Option<ocrctl::documents::ranges::PageRanges>,
     /// With --out: skip documents whose markdown file already exists.
     #[arg(long, requires = "out")]
     resume: bool,
@@ -181,7 +185,11 @@ fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, Failures, usize
             }
             md_owner.insert(md, path.clone());
         }
-        match Document::open(&path, a.pdfium_lib.as_deref()) {
+        let opened = Document::open(&path, a.pdfium_lib.as_deref()).and_then(|mut d| {
+            a.pages.as_ref().map_or(Ok(()), |r| d.select(r))?;
+            Ok(d)
+        });
+        match opened {
             Ok(d) => docs.push(d),
             Err(e) => file_failed(&mut failed, &path, e.to_string()),
         }
@@ -578,7 +586,7 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
         let v = json.then(|| {
             json!({
                 "file": docs[d].path.display().to_string(),
-                "page": page + 1,
+                "page": docs[d].page_number(page),
                 "text": text,
                 "token_ids": g.token_ids,
                 "top_logprobs": g.top_logprobs,

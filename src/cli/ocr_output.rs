@@ -153,7 +153,9 @@ impl<'a> Output<'a> {
         let doc = &self.docs[d];
         match doc.kind {
             DocKind::Image => doc.path.display().to_string(),
-            DocKind::Pdf { .. } => format!("{}: page {}", doc.path.display(), page + 1),
+            DocKind::Pdf { .. } => {
+                format!("{}: page {}", doc.path.display(), doc.page_number(page))
+            }
         }
     }
 
@@ -204,9 +206,9 @@ impl<'a> Output<'a> {
             (Ok(_), None) => {}
         }
         self.count(&outcome);
-        let marker = outcome.reason.map(|why| failed_marker(page + 1, why));
+        let marker = outcome.reason.map(|why| failed_marker(doc.page_number(page), why));
         if let Some(why) = outcome.reason {
-            let mut v = json!({"page": page + 1, "reason": why, "attempts": outcome.attempts});
+            let mut v = json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
             if let Err(msg) = &r.text {
                 v["error"] = json!(msg);
             }
@@ -224,7 +226,7 @@ impl<'a> Output<'a> {
                         }
                         v
                     }
-                    Err(msg) => error_row(&doc.path, Some(page + 1), &msg, outcome.attempts),
+                    Err(msg) => error_row(&doc.path, Some(doc.page_number(page)), &msg, outcome.attempts),
                 };
                 self.bar.suspend(|| println!("{v}"));
             }
@@ -232,7 +234,7 @@ impl<'a> Output<'a> {
                 let sep = if page == 0 {
                     String::new()
                 } else {
-                    page_separator(page + 1)
+                    page_separator(doc.page_number(page))
                 };
                 let text = match (marker, r.text) {
                     (Some(m), _) => m,
@@ -314,7 +316,7 @@ impl<'a> Output<'a> {
                             path.display()
                         ));
                     }
-                } else if let Err(e) = write_md(&path, &texts) {
+                } else if let Err(e) = write_md(&path, &texts, doc) {
                     let msg = format!("{}: {e}", doc.path.display());
                     self.report(&format!("error: {msg}"));
                     row.get_or_insert_with(|| json!({"file": doc.path.display().to_string()}))
@@ -351,11 +353,11 @@ impl<'a> Output<'a> {
 /// exclusively (`O_EXCL`: never through a link someone planted there), then renamed over
 /// `path`. (A fixed `NAME.md.partial` was opened through a planted symlink, and
 /// `Path::with_extension` makes `..md` into `..`.)
-fn write_md(path: &Path, pages: &[String]) -> std::io::Result<()> {
+fn write_md(path: &Path, pages: &[String], doc: &Document) -> std::io::Result<()> {
     let mut md = String::new();
     for (i, text) in pages.iter().enumerate() {
         if i > 0 {
-            md.push_str(&page_separator(i + 1));
+            md.push_str(&page_separator(doc.page_number(i)));
         }
         md.push_str(text);
     }

@@ -22,6 +22,7 @@
 //! PDF open, so memory does not grow with the number or length of the documents.
 
 use crate::documents::pdf::{self, PdfDocument, PdfError};
+use crate::documents::ranges::{PageRanges, RangeError};
 use crate::model::preprocess::{self, PreprocessError};
 use crate::quality::calibrate::IMAGE_EXTENSIONS;
 use image::RgbImage;
@@ -75,6 +76,9 @@ pub enum InputError {
     /// A PDF could not be opened or a page rendered.
     #[error(transparent)]
     Pdf(#[from] PdfError),
+    /// `--pages` names a page the document does not have.
+    #[error(transparent)]
+    Pages(#[from] RangeError),
 }
 
 /// File extensions (lower case) taken from folders and patterns.
@@ -345,6 +349,8 @@ pub struct Document {
     pub path: PathBuf,
     /// Image or PDF.
     pub kind: DocKind,
+    /// The PDF pages to read (0-based, in order) when `--pages` chose some; else all.
+    selected: Option<Vec<usize>>,
 }
 
 impl Document {
@@ -374,15 +380,40 @@ impl Document {
         Ok(Self {
             path: path.to_path_buf(),
             kind,
+            selected: None,
         })
     }
 
-    /// Number of pages (1 for an image).
-    pub fn pages(&self) -> usize {
-        match self.kind {
-            DocKind::Image => 1,
-            DocKind::Pdf { pages } => pages,
+    /// Reads only the pages `ranges` selects of a PDF (an image is always read whole). Fails,
+    /// naming the file and its page count, when a page is past the end.
+    pub fn select(&mut self, ranges: &PageRanges) -> Result<(), InputError> {
+        if let DocKind::Pdf { pages } = self.kind {
+            self.selected = Some(ranges.select(pages, &self.path.display().to_string())?);
         }
+        Ok(())
+    }
+
+    /// Number of pages to read (1 for an image; a PDF's selected pages, else all).
+    pub fn pages(&self) -> usize {
+        match (&self.kind, &self.selected) {
+            (DocKind::Image, _) => 1,
+            (DocKind::Pdf { .. }, Some(s)) => s.len(),
+            (DocKind::Pdf { pages }, None) => *pages,
+        }
+    }
+
+    /// The 0-based index in the file of the `i`-th page read.
+    pub fn page_index(&self, i: usize) -> usize {
+        match (&self.selected, self.kind) {
+            // Past the selection: past the end of the file too, which rendering reports.
+            (Some(s), DocKind::Pdf { pages }) => s.get(i).copied().unwrap_or(pages + i - s.len()),
+            _ => i,
+        }
+    }
+
+    /// The 1-based page number in the file of the `i`-th page read (what output shows).
+    pub fn page_number(&self, i: usize) -> usize {
+        self.page_index(i) + 1
     }
 
     /// How messages name page `page` (0-based): the file, plus the page number for a PDF.
@@ -412,8 +443,8 @@ impl PageLoader {
         }
     }
 
-    /// Page `index` (0-based) of `doc` as RGB. Moving on to another document closes the PDF
-    /// held so far.
+    /// The `index`-th page read (0-based; see [`Document::page_index`]) of `doc` as RGB.
+    /// Moving on to another document closes the PDF held so far.
     pub fn load(&mut self, doc: &Document, index: usize) -> Result<RgbImage, InputError> {
         if self.open.as_ref().is_some_and(|(p, _)| p != &doc.path) {
             self.open = None;
@@ -431,7 +462,7 @@ impl PageLoader {
                     self.open = Some((doc.path.clone(), pdf));
                 }
                 let (_, pdf) = self.open.as_ref().expect("opened above");
-                Ok(pdf.render_page(index)?)
+                Ok(pdf.render_page(doc.page_index(index))?)
             }
         }
     }
@@ -606,5 +637,34 @@ mod tests {
         );
         let e = l.load(&pdf, 2).unwrap_err().to_string();
         assert!(e.contains("two_pages.pdf: page 3"), "{e}");
+    }
+
+    #[test]
+    fn a_page_selection_reads_only_those_pages() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let path = fixtures.join("pdf/two_pages.pdf");
+        let mut pdf = Document::open(&path, None).unwrap();
+        pdf.select(&"2-".parse().unwrap()).unwrap();
+        assert_eq!((pdf.pages(), pdf.page_number(0)), (1, 2));
+        let mut l = PageLoader::new(None, preprocess::DEFAULT_MAX_PIXELS);
+        // Page 2 of the file (1540 x 82), not page 1 (224 x 56).
+        assert_eq!(l.load(&pdf, 0).unwrap().dimensions(), (1540, 82));
+        let e = l.load(&pdf, 1).unwrap_err().to_string();
+        assert!(e.contains("two_pages.pdf: page 3"), "{e}");
+
+        let mut pdf = Document::open(&path, None).unwrap();
+        let e = pdf.select(&"1,3".parse().unwrap()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: pages 1,3: page 3 is past the end (the document has 2 pages)",
+                path.display()
+            )
+        );
+        // An image is one page whatever the selection.
+        let mut img =
+            Document::open(&fixtures.join("tiny-lightonocr/images/aligned.png"), None).unwrap();
+        img.select(&"2-3".parse().unwrap()).unwrap();
+        assert_eq!((img.pages(), img.page_number(0)), (1, 1));
     }
 }

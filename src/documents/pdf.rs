@@ -144,6 +144,26 @@ pub fn render_size(width_pt: f32, height_pt: f32) -> Option<(u32, u32)> {
     Some((px(w), px(h)))
 }
 
+/// Pixel size `(width, height)` of a page of `width_pt × height_pt` points rendered at
+/// [`PDF_DPI`] with no side cap, scaled down only when it would have more than `max_pixels`
+/// pixels (each side at least 1): the full-resolution page that figures are cropped from.
+/// `None` for sizes that are not finite and positive.
+pub fn full_render_size(width_pt: f32, height_pt: f32, max_pixels: u64) -> Option<(u32, u32)> {
+    let ok = |x: f32| x.is_finite() && x > 0.0;
+    if !ok(width_pt) || !ok(height_pt) {
+        return None;
+    }
+    let dpi_scale = f64::from(PDF_DPI) / 72.0;
+    let (w, h) = (
+        f64::from(width_pt) * dpi_scale,
+        f64::from(height_pt) * dpi_scale,
+    );
+    let fit = (max_pixels.max(1) as f64 / (w * h)).sqrt().min(1.0);
+    // pdfium takes sides as C ints.
+    let px = |side: f64| ((side * fit).floor() as u32).clamp(1, i32::MAX as u32);
+    Some((px(w), px(h)))
+}
+
 /// Renders every page of a PDF held in memory (see the module documentation). `name` names
 /// the document in errors; `lib` is an explicit pdfium library path (else it is searched).
 pub fn render_pdf(bytes: &[u8], name: &str, lib: Option<&Path>) -> Result<Vec<RgbImage>, PdfError> {
@@ -252,6 +272,22 @@ impl<'a> PdfDocument<'a> {
     /// Renders page `index` (0-based) as described in the module documentation. Errors name
     /// the 1-based page number.
     pub fn render_page(&self, index: usize) -> Result<RgbImage, PdfError> {
+        self.render_page_sized(index, render_size)
+    }
+
+    /// Renders page `index` (0-based) at [`PDF_DPI`] without the model's side cap, within
+    /// `max_pixels` ([`full_render_size`]): what figures are cropped from.
+    pub fn render_page_full(&self, index: usize, max_pixels: u64) -> Result<RgbImage, PdfError> {
+        self.render_page_sized(index, |w, h| full_render_size(w, h, max_pixels))
+    }
+
+    /// Renders page `index` at the pixel size `size` gives for its size in points (as pdfium
+    /// reports it: after the page's `/Rotate`, which the render applies).
+    fn render_page_sized(
+        &self,
+        index: usize,
+        size: impl FnOnce(f32, f32) -> Option<(u32, u32)>,
+    ) -> Result<RgbImage, PdfError> {
         let page_err = |problem: String| PdfError::Page {
             name: self.name.clone(),
             page: index + 1,
@@ -276,7 +312,7 @@ impl<'a> PdfDocument<'a> {
             }
             let _page = Defer(|| unsafe { (f.close_page)(page) });
             let (w_pt, h_pt) = unsafe { ((f.get_page_width_f)(page), (f.get_page_height_f)(page)) };
-            let (w, h) = render_size(w_pt, h_pt)
+            let (w, h) = size(w_pt, h_pt)
                 .ok_or_else(|| page_err(format!("invalid page size {w_pt} x {h_pt} pt")))?;
             let (wi, hi) = (w as i32, h as i32);
             // 4 bytes per pixel (BGRx), no alpha channel.

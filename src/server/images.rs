@@ -197,13 +197,15 @@ pub fn prepare_image(
     Ok(preprocess::preprocess(&img, pre))
 }
 
-/// The pages of an upload: a PDF's pages rendered at 200 DPI, or the image itself.
+/// The pages of an upload with their 1-based page numbers: a PDF's pages (those `ranges`
+/// selects, else all) rendered at 200 DPI, or the image itself (page 1, whatever `ranges`).
 pub fn document_pages(
     bytes: &[u8],
     name: &str,
     max_pixels: u64,
     max_pages: usize,
-) -> Result<Vec<RgbImage>, ApiError> {
+    ranges: Option<&crate::documents::ranges::PageRanges>,
+) -> Result<Vec<(usize, RgbImage)>, ApiError> {
     if crate::documents::pdf::is_pdf(bytes) {
         use crate::documents::pdf::PdfError;
         let pdf_error = |e: PdfError| match e {
@@ -214,23 +216,30 @@ pub fn document_pages(
             _ => ApiError::bad("file", e.to_string()),
         };
         let doc = crate::documents::pdf::PdfDocument::open(bytes, name, None).map_err(pdf_error)?;
+        let selected: Vec<usize> = match ranges {
+            Some(r) => r
+                .select(doc.page_count(), name)
+                .map_err(|e| ApiError::bad("pages", e.to_string()))?,
+            None => (0..doc.page_count()).collect(),
+        };
         // Counted before anything is rendered.
-        if doc.page_count() > max_pages {
+        if selected.len() > max_pages {
             return Err(ApiError::bad(
                 "file",
                 format!(
                     "{name}: {} pages, more than the limit of {max_pages} per request (max_images_per_request)",
-                    doc.page_count()
+                    selected.len()
                 ),
             ));
         }
-        return (0..doc.page_count())
-            .map(|i| doc.render_page(i).map_err(pdf_error))
+        return selected
+            .into_iter()
+            .map(|i| Ok((i + 1, doc.render_page(i).map_err(pdf_error)?)))
             .collect();
     }
     let img = preprocess::decode_image_bytes(bytes, name, max_pixels)
         .map_err(|e| decode_error(e, "file"))?;
-    Ok(vec![img])
+    Ok(vec![(1, img)])
 }
 
 /// Fetches `http://` images when allowed; `https://` needs TLS, which this binary leaves

@@ -193,3 +193,44 @@ fn a_pdf_upload_reads_like_its_pages_and_bad_pdfs_are_400() {
         );
     }
 }
+
+/// The `pages` form field reads only the chosen pages of a PDF, numbered as in the file; a
+/// page past the end or a malformed list is a 400 naming `pages`.
+#[test]
+fn the_pages_field_reads_only_the_chosen_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 2, 8, &[]);
+    let pdf = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pdf/two_pages.pdf"),
+    )
+    .unwrap();
+    let post = |fields: &[(&str, &str)]| {
+        let mut all = vec![("max_tokens", "16"), ("temperature", "0")];
+        all.extend_from_slice(fields);
+        let (ct, mp) = multipart(&all, Some(("two_pages.pdf", &pdf)));
+        let path = "/v1/ocr?format=json";
+        request(&s.addr, "POST", path, &[("Content-Type", &ct)], &mp).unwrap()
+    };
+    let all = post(&[]).json();
+    let r = post(&[("pages", "2-")]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["pages"].as_array().unwrap().len(), 1);
+    assert_eq!(v["pages"][0]["page"], 2);
+    assert_eq!(v["pages"][0]["text"], all["pages"][1]["text"]);
+    assert_eq!(v["text"], all["pages"][1]["text"]);
+    for (list, needle) in [
+        ("3", "page 3 is past the end"),
+        ("2-1", "reversed"),
+        ("x", "not a page"),
+    ] {
+        let r = post(&[("pages", list)]);
+        assert_eq!(r.status, 400, "{list}: {}", r.text());
+        let e = r.json();
+        assert_eq!(e["error"]["param"], "pages", "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(needle),
+            "{e}"
+        );
+    }
+}

@@ -260,3 +260,98 @@ fn concurrent_renders_are_serialised_and_agree() {
         }
     });
 }
+
+/// A one-page PDF of `w × h` points with `/Rotate rotate` whose content stream is `content`.
+fn drawn_pdf(w: f32, h: f32, rotate: u32, content: &str) -> Vec<u8> {
+    let objs = [
+        "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_string(),
+        format!(
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {w} {h}] /Rotate {rotate} \
+             /Contents 4 0 R >>"
+        ),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len()
+        ),
+    ];
+    let mut out = b"%PDF-1.7\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, o) in objs.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n{o}\nendobj\n", i + 1).as_bytes());
+    }
+    let xref = out.len();
+    out.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objs.len() + 1).as_bytes());
+    for off in offsets {
+        out.extend_from_slice(format!("{off:010} 00000 n \n").as_bytes());
+    }
+    out.extend_from_slice(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objs.len() + 1
+        )
+        .as_bytes(),
+    );
+    out
+}
+
+/// A page stored sideways with `/Rotate` (as scanners write them) renders like its upright
+/// twin: the same size (pdfium reports the rotated page's size) and the same pixels.
+#[test]
+fn rotated_pages_render_like_their_upright_twin() {
+    // 144 x 72 pt = 400 x 200 px; three rectangles that no flip or turn maps onto each other.
+    let (w, h) = (144.0, 72.0);
+    let shapes = "1 0 0 rg 9 9 36 18 re f 0 0 1 rg 90 36 27 27 re f 0 0.6 0 rg 54 54 9 9 re f";
+    let upright = render_pdf(&drawn_pdf(w, h, 0, shapes), "upright.pdf", None).unwrap();
+    let upright = &upright[0];
+    assert_eq!(upright.dimensions(), (400, 200));
+    // The page's content is stored turned the other way, so that /Rotate turns it upright:
+    // each matrix maps upright coordinates to those of the stored page.
+    for (rotate, stored, matrix) in [
+        (90, (h, w), format!("0 1 -1 0 {h} 0")),
+        (180, (w, h), format!("-1 0 0 -1 {w} {h}")),
+        (270, (h, w), format!("0 -1 1 0 0 {w}")),
+    ] {
+        let content = format!("q {matrix} cm {shapes} Q");
+        let pdf = drawn_pdf(stored.0, stored.1, rotate, &content);
+        let name = format!("rotate-{rotate}.pdf");
+        let page = &render_pdf(&pdf, &name, None).unwrap()[0];
+        assert_eq!(page.dimensions(), upright.dimensions(), "/Rotate {rotate}");
+        // Edges are anti-aliased from other sub-pixel positions: a few levels on a few pixels.
+        let (mut sum, mut off) = (0u64, 0usize);
+        for (a, b) in page.pixels().zip(upright.pixels()) {
+            for c in 0..3 {
+                let d = a.0[c].abs_diff(b.0[c]);
+                sum += u64::from(d);
+                off += usize::from(d > 64);
+            }
+        }
+        let mean = sum as f64 / (400.0 * 200.0 * 3.0);
+        assert!(
+            mean < 0.5 && off < 200,
+            "/Rotate {rotate}: mean difference {mean}, {off} values off by more than 64"
+        );
+        // And the twin is not trivially equal: the red rectangle is where it should be.
+        assert_eq!(page.get_pixel(50, 170).0, [255, 0, 0], "/Rotate {rotate}");
+    }
+}
+
+#[test]
+fn full_resolution_renders_skip_the_side_cap_within_a_pixel_budget() {
+    // US Letter at 200 DPI: 1700 x 2200 (the model's copy is 1190 x 1540).
+    assert_eq!(full_render_size(612.0, 792.0, 1 << 30), Some((1700, 2200)));
+    let (w, h) = full_render_size(612.0, 792.0, 1_000_000).unwrap();
+    assert!(
+        u64::from(w) * u64::from(h) <= 1_000_000 && w >= 870 && h >= 1130,
+        "{w} x {h}"
+    );
+    assert_eq!(full_render_size(0.0, 10.0, 100), None);
+    let bytes = blank_pdf(1, 612.0, 792.0);
+    let doc = PdfDocument::open(bytes.as_slice(), "letter.pdf", None).unwrap();
+    assert_eq!(doc.render_page(0).unwrap().dimensions(), (1190, 1540));
+    assert_eq!(
+        doc.render_page_full(0, 1 << 30).unwrap().dimensions(),
+        (1700, 2200)
+    );
+}

@@ -70,6 +70,7 @@ pub async fn ocr(
         seed: None,
     };
     let mut prompt: Option<String> = None;
+    let mut ranges: Option<crate::documents::ranges::PageRanges> = None;
     loop {
         let field = match mp.next_field().await {
             Ok(Some(f)) => f,
@@ -101,6 +102,12 @@ pub async fn ocr(
             "logit_bias" => o.logit_bias = Some(form_logit_bias(&text())?),
             "seed" => o.seed = Some(field_num(&name, &text())?),
             "prompt" => prompt = Some(text()).filter(|t| !t.trim().is_empty()),
+            "pages" => {
+                let r = text()
+                    .parse()
+                    .map_err(|e| ApiError::bad("pages", format!("pages: {e}")))?;
+                ranges = Some(r);
+            }
             other => {
                 return Err(ApiError::bad(
                     other,
@@ -134,9 +141,15 @@ pub async fn ocr(
             .decode_budget
             .acquire(cost, &is_alive)
             .ok_or_else(client_gone)?;
-        let pages = images::document_pages(&bytes, &name, st2.cfg.max_pixels, st2.cfg.max_images)?;
+        let pages = images::document_pages(
+            &bytes,
+            &name,
+            st2.cfg.max_pixels,
+            st2.cfg.max_images,
+            ranges.as_ref(),
+        )?;
         let mut out = Vec::with_capacity(pages.len());
-        for img in pages {
+        for (number, img) in pages {
             if !is_alive() {
                 return Err(client_gone());
             }
@@ -145,7 +158,7 @@ pub async fn ocr(
                 .prompter
                 .encode(&[pre.num_image_tokens], prompt.as_deref())
                 .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
-            out.push((ids, pre.pixel_values));
+            out.push((number, ids, pre.pixel_values));
         }
         Ok::<_, ApiError>(out)
     })
@@ -155,7 +168,8 @@ pub async fn ocr(
     let mut rxs = Vec::with_capacity(pages.len());
     let mut prompt_tokens = 0;
     let upload = new_id("ocr");
-    for (ids, px) in pages {
+    let numbers: Vec<usize> = pages.iter().map(|p| p.0).collect();
+    for (_, ids, px) in pages {
         check_length(&st, ids.len(), max_tokens)?;
         prompt_tokens += ids.len();
         let mut params = params.clone();
@@ -179,9 +193,10 @@ pub async fn ocr(
         let s = stream::iter(rxs.into_iter().enumerate())
             .then(move |(i, rx)| {
                 let cut = cut.clone();
+                let number = numbers[i];
                 async move {
                     let sep =
-                        (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(i + 1))));
+                        (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(number))));
                     let page = stream::unfold(Some((rx, cut)), |state| async move {
                         let (mut rx, mut cut) = state?;
                         match next_event(&mut rx, &mut cut).await {
@@ -210,13 +225,13 @@ pub async fn ocr(
     for (i, rx) in rxs.into_iter().enumerate() {
         let c = collect(rx, st.cut.subscribe()).await?;
         completion += c.completion_tokens;
-        pages_json.push(json!({"page": i + 1, "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
+        pages_json.push(json!({"page": numbers[i], "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
         texts.push(c.text);
     }
     let mut text = String::new();
     for (i, t) in texts.iter().enumerate() {
         if i > 0 {
-            text.push_str(&page_separator(i + 1));
+            text.push_str(&page_separator(numbers[i]));
         }
         text.push_str(t);
     }
