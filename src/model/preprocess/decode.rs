@@ -3,7 +3,6 @@
 
 use super::*;
 use image::ImageFormat;
-use std::io::Read;
 
 /// Loads an image file as 8-bit RGB, refusing it before decoding when it is empty or has more
 /// than `max_pixels` pixels (see [`DEFAULT_MAX_PIXELS`]).
