@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_report  # noqa: E402
 import serve_workload as wlmod  # noqa: E402
 
-DEFAULT_WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks",
+DEFAULT_WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks",
                                 "workloads", "ocr-pages.yaml")
 RUNNING = ("ocrctl_batch_size", "vllm:num_requests_running")
 WAITING = ("ocrctl_queue_depth", "vllm:num_requests_waiting")

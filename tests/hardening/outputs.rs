@@ -17,6 +17,7 @@ fn ocr_out(out: &Path, inputs: &[&Path]) -> std::process::Output {
         "fp32",
         "--max-tokens",
         "4",
+        "--accept-length",
         "--out",
         out.to_str().unwrap(),
     ];
