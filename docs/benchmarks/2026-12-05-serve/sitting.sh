@@ -16,7 +16,7 @@ OUT=${OUT:-/tmp/out}
 HERE=docs/benchmarks/2026-12-05-serve
 LOAD=${LOAD:-c64}
 common=(env OUT=/tmp/sbout RES=/tmp/serve-bench KVS=fp16 MEM=full LOADS="$LOAD" RUNS="${RUNS:-3}"
-  DURATION="${DURATION:-30}" BUDGET_S=3000 PREC=fp16 PROFILE=/opt/sbrepo/$HERE/h200-fp16.yaml)
+  DURATION="${DURATION:-20}" BUDGET_S=3000 PREC=fp16 PROFILE=/opt/sbrepo/$HERE/h200-fp16.yaml)
 running() { pgrep -f gpu_serve_bench.sh >/dev/null; }
 progress() { tail -n "${1:-4}" /tmp/sb-half.log 2>/dev/null; }
 
