@@ -485,7 +485,13 @@ fn page_ranges_read_only_the_pages_chosen() {
         )),
         "{err}"
     );
-    assert_eq!(json_lines(&o.stdout).len(), 1, "the image was read");
+    assert_eq!(o.status.code(), Some(2), "some inputs failed");
+    let rows = json_lines(&o.stdout);
+    let (failed, read): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r["status"] == "failed");
+    assert_eq!(read.len(), 1, "the image was read: {rows:?}");
+    assert!(read[0]["file"].as_str().unwrap().ends_with("aligned.png"));
+    assert_eq!(failed.len(), 1, "the PDF has its failure row: {rows:?}");
+    assert!(failed[0]["file"].as_str().unwrap().ends_with("scan.pdf"));
 
     // Page 0 and reversed ranges are refused before anything runs.
     for (bad, why) in [("0-2", "numbered from 1"), ("2-1", "reversed")] {

@@ -26,6 +26,7 @@ fn ocr_args(extra: &[&str]) -> Vec<String> {
         "0",
         "--max-tokens",
         "2",
+        "--accept-length",
         "--json",
         "--model",
         &m,
