@@ -42,7 +42,7 @@ pub use kv::OrtCache;
 pub use load::fast_8bit_caches;
 
 use crate::runtime::backend::{
-    Backend, BackendError, BatchLogits, ImageEncoder, KvCapacity, PagePrefill, RowNeed, StepLogits,
+    Backend, BackendError, BatchLogits, KvCapacity, PagePrefill, RowNeed, StageHandles, StepLogits,
 };
 use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
@@ -140,7 +140,7 @@ pub struct OrtModel {
     vision: Arc<Mutex<Vision>>,
     /// The decoder session's main execution provider.
     provider: Provider,
-    /// Whether [`Backend::image_encoder`] may offer the encoder ([`LoadOptions::vision_stage`],
+    /// Whether [`Backend::stage_handles`] may offer the encoder ([`LoadOptions::vision_stage`],
     /// and a GPU provider or [`LoadOptions::stages_on_cpu`]).
     vision_stage: bool,
     hidden: usize,
@@ -267,22 +267,22 @@ impl Backend for OrtModel {
         vision::run(&self.vision, pixel_values, &mut self.common.tap)
     }
 
-    fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
+    fn stage_handles(&self) -> Option<StageHandles<OrtCache>> {
         // Only on a GPU (on the CPU both would share the same cores), unless switched off,
         // and never while a calibration tap reads the encoder's outputs on this thread.
-        (self.vision_stage && self.common.tap.is_none()).then(|| {
-            Box::new(VisionHandle {
+        if !self.vision_stage || self.common.tap.is_some() {
+            return None;
+        }
+        let prefill = self.path.gqa().and_then(|g| g.prefill_stage.as_ref());
+        Some(StageHandles {
+            encoder: Box::new(VisionHandle {
                 vision: self.vision.clone(),
-            }) as Box<dyn ImageEncoder>
-        })
-    }
-
-    fn page_prefill(&self) -> Option<Box<dyn PagePrefill<OrtCache>>> {
-        let parts = self.path.gqa()?.prefill_stage.as_ref()?;
-        (self.vision_stage && self.common.tap.is_none()).then(|| {
-            Box::new(stage::PrefillHandle {
-                parts: parts.clone(),
-            }) as Box<dyn PagePrefill<OrtCache>>
+            }),
+            prefill: prefill.map(|parts| {
+                Box::new(stage::PrefillHandle {
+                    parts: parts.clone(),
+                }) as Box<dyn PagePrefill<OrtCache>>
+            }),
         })
     }
 
