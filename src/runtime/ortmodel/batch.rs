@@ -1,6 +1,6 @@
-//! The merged decoder's steps over its KV cache ([`MergedDecoder`]): the decoder's inputs, a sequence's own cache cut out of
-//! the batch cache, repacking (in the decoder's memory with the repack graph on the bound
-//! path, on the host otherwise), and the padded batch step.
+//! The merged decoder's steps over its KV cache ([`MergedDecoder`]): the decoder's inputs, a
+//! sequence's own cache cut out of the batch cache, repacking (in the decoder's memory with
+//! the repack graph on the bound path, on the host otherwise), and the padded batch step.
 
 use super::binding::Inputs;
 use super::kv::{self, BatchKv, RowSrc};

@@ -1,5 +1,5 @@
-//! Decoder runs, with the KV cache kept in the execution provider's memory (IoBinding) or
-//! brought back to the host (`Session::run`).
+//! The merged decoder's runs, with the KV cache kept in the execution provider's memory
+//! (IoBinding) or brought back to the host (`Session::run`).
 //!
 //! On the [`KvPath::Bound`] path every input is bound (host inputs are uploaded by ONNX
 //! Runtime; past values that are already on the device are used in place), `logits` is bound
@@ -107,6 +107,12 @@ impl Placement {
         };
         Ok(Placement { kv, host })
     }
+
+    /// Where `present.*` are bound, as [`KvStats::kv_location`] names it (e.g. `Cuda:0`).
+    pub fn kv_at(&self) -> String {
+        let kv = &self.kv;
+        format!("{}:{}", kv.allocation_device().as_str(), kv.device_id())
+    }
 }
 
 /// Decoder inputs by name.
@@ -147,8 +153,7 @@ impl MergedDecoder {
 
     /// Logs (once) presents of a bound run that are not where they were bound.
     fn check_placement(&mut self, placement: &Placement, r: &DecoderOut) {
-        let want = &placement.kv;
-        let want = format!("{}:{}", want.allocation_device().as_str(), want.device_id());
+        let want = placement.kv_at();
         match r.1.first().map(location) {
             Some(got) if got != want && !self.warned_placement => {
                 tracing::warn!(

@@ -2,10 +2,11 @@
 //! decoder path the [`LoadOptions`] and the export choose ([`DecoderPath`]; the GQA path
 //! loads its own cache, CUDA graphs and prefill stage, `gqa::GqaDecoder::load`).
 
-use super::kv::KvDims;
 use super::merged::MergedDecoder;
 use super::*;
+use ocrctl_exporters::graph::GraphInfo;
 use ort::value::TensorElementType;
+use std::collections::BTreeMap;
 
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
@@ -13,28 +14,12 @@ impl OrtModel {
         // Creating sessions allocates device memory: not while another thread captures.
         let mut gpu = capture::shared();
         let manifest = Manifest::load(dir)?;
-        let graphs = manifest.graphs.get(&opts.precision).ok_or_else(|| {
-            let available: Vec<_> = manifest.precisions.iter().map(|p| p.name()).collect();
-            LoadError::NoPrecision {
-                dir: dir.to_path_buf(),
-                precision: opts.precision.name().into(),
-                available: available.join(", "),
-            }
-        })?;
+        let graphs = graphs_of(&manifest, dir, opts)?;
         let variant = choose_variant(dir, opts, |v| graphs.contains_key(v.part()))?;
         if opts.verify {
             verify_files(dir, &manifest, opts.precision, variant)?;
         }
-        let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
-        match crate::runtime::providers::usable(&opts.providers) {
-            Ok((_, notes)) => notes.iter().for_each(|n| tracing::warn!("{n}")),
-            Err(e) => {
-                return Err(LoadError::Session {
-                    path: dir.to_path_buf(),
-                    message: e.to_string(),
-                })
-            }
-        }
+        let env = environment(dir, opts)?;
         let path_of = |part: &str| -> Result<PathBuf, LoadError> {
             let g = graphs.get(part).ok_or_else(|| LoadError::Session {
                 path: dir.join(MANIFEST_NAME),
@@ -81,23 +66,13 @@ impl OrtModel {
                 let built = (decoder.session, provider);
                 let g = gqa::GqaDecoder::load(&l, built, graphs_on, &mut embed, &mut gpu)?;
                 // The GQA cache lives where it was allocated, from the first run on.
-                let kv = &placement.kv;
-                let at = format!("{}:{}", kv.allocation_device().as_str(), kv.device_id());
-                stats.kv_location = Some(at);
+                stats.kv_location = Some(placement.kv_at());
                 DecoderPath::Gqa(g)
             }
             // (A paged decoder was refused by `choose_variant`.)
-            DecoderVariant::Merged | DecoderVariant::Paged => {
-                let device = (provider, opts.providers.device_id);
-                let dims = KvDims {
-                    kv_heads: t.num_kv_heads,
-                    head_dim: t.head_dim,
-                    tensors: 2 * t.num_layers,
-                };
-                let shape = (t.num_layers, dims);
-                let d = MergedDecoder::new(&env, decoder.session, device, act, &placement, shape);
-                DecoderPath::Merged(d)
-            }
+            DecoderVariant::Merged | DecoderVariant::Paged => DecoderPath::Merged(
+                MergedDecoder::new(&env, (decoder.session, provider), opts, act, &placement, t),
+            ),
         };
         let vision = Vision::new(vision.session, vision.provider, opts.providers.device_id);
         Ok(OrtModel {
@@ -118,6 +93,38 @@ impl OrtModel {
             manifest,
         })
     }
+}
+
+/// The graphs `manifest` lists for the precision `opts` asks for.
+fn graphs_of<'m>(
+    manifest: &'m Manifest,
+    dir: &Path,
+    opts: &LoadOptions,
+) -> Result<&'m BTreeMap<String, GraphInfo>, LoadError> {
+    manifest.graphs.get(&opts.precision).ok_or_else(|| {
+        let available: Vec<_> = manifest.precisions.iter().map(|p| p.name()).collect();
+        LoadError::NoPrecision {
+            dir: dir.to_path_buf(),
+            precision: opts.precision.name().into(),
+            available: available.join(", "),
+        }
+    })
+}
+
+/// ONNX Runtime's environment, after checking that the providers `opts` asks for can run
+/// (their notes are logged as warnings).
+fn environment(dir: &Path, opts: &LoadOptions) -> Result<ort::environment::Environment, LoadError> {
+    let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
+    match crate::runtime::providers::usable(&opts.providers) {
+        Ok((_, notes)) => notes.iter().for_each(|n| tracing::warn!("{n}")),
+        Err(e) => {
+            return Err(LoadError::Session {
+                path: dir.to_path_buf(),
+                message: e.to_string(),
+            })
+        }
+    }
+    Ok(env)
 }
 
 /// The decoder graph a load runs: the one `opts` names, else `gqa` when the export has it

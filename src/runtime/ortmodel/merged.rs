@@ -8,10 +8,11 @@ use super::kv::{BatchKv, KvDims};
 use super::path::Decoder;
 use super::repack::Repacker;
 use super::tensors::{self, float_tensor};
-use super::{embed_rows, Common, OrtCache};
+use super::{embed_rows, Common, LoadOptions, OrtCache};
 use crate::runtime::backend::{BackendError, BatchLogits, KvCapacity, RowNeed, StepLogits};
 use crate::runtime::providers::Provider;
 use ndarray::Array2;
+use ocrctl_exporters::config::TextConfig;
 use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::export::DecoderVariant;
 use ocrctl_exporters::graph::DType;
@@ -35,17 +36,24 @@ pub(in crate::runtime::ortmodel) struct MergedDecoder {
 }
 
 impl MergedDecoder {
-    /// The path over `decoder` (on `provider`, `device_id`) for a model of `layers` layers
-    /// with `dims`, with its repack graph for activations of `act` (none, with a warning, when
-    /// that graph cannot be made: batch caches are then repacked through host memory).
+    /// The path over `decoder` (on `provider`) for a model of shape `text`, with its repack
+    /// graph for activations of `act` (none, with a warning, when that graph cannot be made:
+    /// batch caches are then repacked through host memory).
     pub fn new(
         env: &ort::environment::Environment,
-        decoder: Session,
-        (provider, device_id): (Provider, i32),
+        (decoder, provider): (Session, Provider),
+        opts: &LoadOptions,
         act: DType,
         placement: &Placement,
-        (layers, dims): (usize, KvDims),
+        text: &TextConfig,
     ) -> MergedDecoder {
+        let device_id = opts.providers.device_id;
+        let layers = text.num_layers;
+        let dims = KvDims {
+            kv_heads: text.num_kv_heads,
+            head_dim: text.head_dim,
+            tensors: 2 * layers,
+        };
         let repacker = match Repacker::new(env, provider, device_id, act, &placement.kv, &decoder) {
             Ok(r) => Some(r),
             Err(e) => {
