@@ -3,7 +3,7 @@
 //! the repack graph on the bound path, on the host otherwise), and the padded batch step.
 
 use super::binding::Inputs;
-use super::kv::{self, BatchKv, RowSrc};
+use super::kv::{self, BatchKv, MergedKv, RowSrc};
 use super::merged::MergedDecoder;
 use super::tensors::i64_tensor;
 use super::{Common, KvPath, OrtCache};
@@ -52,22 +52,24 @@ impl MergedDecoder {
         Ok(inputs)
     }
 
-    /// This sequence's own per-layer values, cut out of the batch cache if they live there.
+    /// The per-layer values of a sequence of `len` positions, cut out of the batch cache if
+    /// they live there.
     pub(super) fn own_kv(
         &mut self,
         common: &mut Common,
-        c: OrtCache,
+        MergedKv { id, kv }: MergedKv,
+        len: usize,
     ) -> Result<Vec<DynTensor>, BackendError> {
-        if let Some(kv) = c.kv {
+        if let Some(kv) = kv {
             return Ok(kv);
         }
         let batch = self.batch.take();
         let r = batch
             .as_ref()
-            .and_then(|b| b.row(c.id))
-            .ok_or_else(|| BackendError::Invalid(format!("KV cache of sequence {} is gone", c.id)));
-        let kv = r
-            .and_then(|r| self.repack(common, &[(RowSrc::Batch(r), c.len)], batch.as_ref(), c.len));
+            .and_then(|b| b.row(id))
+            .ok_or_else(|| gone(id));
+        let kv =
+            r.and_then(|r| self.repack(common, &[(RowSrc::Batch(r), len)], batch.as_ref(), len));
         self.batch = batch;
         kv
     }
@@ -119,32 +121,33 @@ impl MergedDecoder {
                 caches.len()
             )));
         }
-        let ids: Vec<u64> = caches.iter().map(|c| c.id).collect();
-        let lens: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let caches = caches
+            .into_iter()
+            .map(OrtCache::into_merged)
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<u64> = caches.iter().map(|(m, _)| m.id).collect();
+        let lens: Vec<usize> = caches.iter().map(|(_, len)| *len).collect();
         let same_batch = self
             .batch
             .as_ref()
             .is_some_and(|bk| bk.ids == ids && bk.lens == lens)
-            && caches.iter().all(|c| c.kv.is_none());
+            && caches.iter().all(|(m, _)| m.kv.is_none());
         let old = self.batch.take();
         let (p, past) = match old {
             Some(bk) if same_batch => (bk.p, bk.kv),
             old => {
                 let p = *lens.iter().max().expect("non-empty batch");
                 let mut rows = Vec::with_capacity(b);
-                for c in caches {
-                    let src = match c.kv {
+                for (m, len) in caches {
+                    let src = match m.kv {
                         Some(kv) => RowSrc::Own(kv),
-                        None => RowSrc::Batch(old.as_ref().and_then(|o| o.row(c.id)).ok_or_else(
-                            || {
-                                BackendError::Invalid(format!(
-                                    "KV cache of sequence {} is gone",
-                                    c.id
-                                ))
-                            },
-                        )?),
+                        None => RowSrc::Batch(
+                            old.as_ref()
+                                .and_then(|o| o.row(m.id))
+                                .ok_or_else(|| gone(m.id))?,
+                        ),
                     };
-                    rows.push((src, c.len));
+                    rows.push((src, len));
                 }
                 (p, self.repack(common, &rows, old.as_ref(), p)?)
             }
@@ -160,12 +163,7 @@ impl MergedDecoder {
         let caches = ids
             .iter()
             .zip(&new_lens)
-            .map(|(id, l)| OrtCache {
-                id: *id,
-                kv: None,
-                len: *l,
-                slot: None,
-            })
+            .map(|(id, l)| OrtCache::merged(MergedKv { id: *id, kv: None }, *l))
             .collect();
         self.batch = Some(BatchKv {
             ids,
@@ -175,4 +173,9 @@ impl MergedDecoder {
         });
         Ok((logits, caches))
     }
+}
+
+/// The error for a sequence whose rows the batch cache no longer holds.
+fn gone(id: u64) -> BackendError {
+    BackendError::Invalid(format!("KV cache of sequence {id} is gone"))
 }

@@ -4,7 +4,7 @@
 //! when sequences join or leave (`super::kv`, `super::repack`).
 
 use super::binding::Placement;
-use super::kv::{BatchKv, KvDims};
+use super::kv::{BatchKv, KvDims, MergedKv};
 use super::path::Decoder;
 use super::repack::Repacker;
 use super::tensors::{self, float_tensor};
@@ -98,7 +98,10 @@ impl Decoder for MergedDecoder {
         let data = tensors::into_row_major(embeds);
         let embeds = float_tensor(c.act, vec![1, s as i64, d as i64], data, PART)?;
         let kv = match cache {
-            Some(cache) => self.own_kv(c, cache)?,
+            Some(cache) => {
+                let (m, len) = cache.into_merged()?;
+                self.own_kv(c, m, len)?
+            }
             None => {
                 let (kvh, hd) = (self.dims.kv_heads as i64, self.dims.head_dim as i64);
                 (0..self.dims.tensors)
@@ -122,12 +125,13 @@ impl Decoder for MergedDecoder {
             // A batch of one needs no padding: feed its cache back as is. The batch cache,
             // if any, held only sequences that are gone now: free it.
             let cache = caches.into_iter().next().expect("one cache");
-            let (id, len) = (cache.id, cache.len);
-            let kv = Some(self.own_kv(c, cache)?);
+            let (m, len) = cache.into_merged()?;
+            let id = m.id;
+            let kv = Some(self.own_kv(c, m, len)?);
             self.batch = None;
             let e = embed_rows(&mut c.embed, tokens)?;
-            let slot = None;
-            let (l, cache) = self.forward(c, e, Some(OrtCache { id, kv, len, slot }))?;
+            let cache = OrtCache::merged(MergedKv { id, kv }, len);
+            let (l, cache) = self.forward(c, e, Some(cache))?;
             return Ok((vec![l], vec![cache]));
         }
         self.decode_batch_padded(c, tokens, caches)

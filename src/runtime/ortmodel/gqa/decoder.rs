@@ -233,7 +233,7 @@ impl Decoder for GqaDecoder {
 }
 
 fn slot_of(c: &OrtCache) -> Result<usize, BackendError> {
-    c.slot.as_ref().map(|s| s.index).ok_or_else(|| {
+    c.slot().ok_or_else(|| {
         BackendError::Invalid(
             "a KV cache made by the merged decoder reached the GQA decoder".into(),
         )
