@@ -17,7 +17,7 @@ use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The KV cache of one sequence: its length, and where its values are, by decoder path
-/// ([`Held`]).
+/// (`Held`).
 pub struct OrtCache {
     pub(super) len: usize,
     pub(super) held: Held,

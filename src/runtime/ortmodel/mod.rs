@@ -3,7 +3,7 @@
 //! Loads `onnx/{vision_encoder,embed_tokens,decoder_*}{suffix}.onnx` named by the export's
 //! `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return float16 tensors;
 //! conversion happens here so generation always sees float32. The model holds what every
-//! decoder path shares (vision encoder, embeddings, [`Common`]) and one [`DecoderPath`]: a
+//! decoder path shares (vision encoder, embeddings, `Common`) and one `DecoderPath`: a
 //! type per decoder graph that owns its session, its KV cache and its prefill and step code
 //! (`path`; the paged decoder's place is documented there).
 //!
@@ -13,13 +13,13 @@
 //! stage's thread), `capture` (the lock that keeps other threads' GPU work out of a CUDA graph
 //! capture; every GPU-touching entry point here holds it shared).
 //!
-//! The merged decoder ([`merged::MergedDecoder`]): `merged` (the type, its load and
+//! The merged decoder (`merged::MergedDecoder`): `merged` (the type, its load and
 //! dispatch), `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack`
 //! (the same repacking in the execution provider's memory with a small ONNX graph), `batch`
 //! (decoder inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
 //! execution provider's memory with IoBinding, see [`KvPath`]).
 //!
-//! The GQA decoder ([`gqa::GqaDecoder`]): `gqa` (its slot cache, updated in place, its load,
+//! The GQA decoder (`gqa::GqaDecoder`): `gqa` (its slot cache, updated in place, its load,
 //! steps and CUDA graphs), `stage` (the prefill stage's sessions, `--prefill-stage on`).
 
 mod batch;
@@ -131,8 +131,8 @@ pub enum LoadError {
 }
 
 /// An export's sessions plus what generation needs to know about them: the parts every
-/// decoder path shares (vision encoder, embeddings, [`Common`]) and the decoder path the load
-/// chose ([`DecoderPath`]), which owns the decoder session and its KV cache.
+/// decoder path shares (vision encoder, embeddings, `Common`) and the decoder path the load
+/// chose (`DecoderPath`), which owns the decoder session and its KV cache.
 pub struct OrtModel {
     pub manifest: Manifest,
     pub dir: PathBuf,
