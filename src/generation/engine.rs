@@ -11,7 +11,7 @@
 //! penalties and temperature), as vLLM reports them. A request that fails during its
 //! prefill fails alone.
 //!
-//! Where the backend offers an image encoder ([`Backend::image_encoder`], a GPU), the engine
+//! Where the backend offers an image encoder ([`Backend::stage_handles`], a GPU), the engine
 //! runs a [`VisionStage`]: `admit` hands a request's images to it and the request waits in
 //! the batch, holding its place and its cache sequence, while `step` goes on decoding the
 //! others; `step` prefills it once its features are back.
@@ -217,12 +217,12 @@ pub struct Engine<B: Backend> {
 
 impl<B: Backend> Engine<B> {
     /// An engine over `backend`, with a vision stage when the backend offers an image
-    /// encoder for one ([`Backend::image_encoder`]), which also prefills when the backend
-    /// offers that ([`Backend::page_prefill`]).
+    /// encoder for one ([`Backend::stage_handles`]), which also prefills when the backend
+    /// offers that.
     pub fn new(backend: B, max_batch: usize, image_token_id: u32) -> Engine<B> {
         let vision = backend
-            .image_encoder()
-            .map(|enc| VisionStage::start(enc, backend.page_prefill()));
+            .stage_handles()
+            .map(|h| VisionStage::start(h.encoder, h.prefill));
         Engine {
             backend,
             max_batch,

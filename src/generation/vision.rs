@@ -20,7 +20,7 @@
 //! engine can drop those of requests cancelled meanwhile (dropping a result frees the cache
 //! sequence it holds). A panic while encoding or prefilling fails that request only. The
 //! stage exists only where a backend offers an [`ImageEncoder`]
-//! ([`crate::runtime::backend::Backend::image_encoder`]).
+//! ([`crate::runtime::backend::Backend::stage_handles`]).
 //!
 //! ```
 //! use ndarray::{Array2, Array4};

@@ -85,6 +85,17 @@ pub trait PagePrefill<C>: Send {
     fn prefill(&mut self, embeds: Array2<f32>, cache: C) -> Result<(Vec<f32>, C), BackendError>;
 }
 
+/// What a backend hands a [`crate::generation::vision::VisionStage`]
+/// ([`Backend::stage_handles`]).
+pub struct StageHandles<C> {
+    /// Encodes images on another thread while the backend decodes (on a GPU the encoder is
+    /// compute-bound, large-batch decode steps are memory-bound).
+    pub encoder: Box<dyn ImageEncoder>,
+    /// Prefills pages on the stage's thread, when the backend has a fixed cache to reserve
+    /// sequences in and a second decoder for it; `None` prefills on the engine's thread.
+    pub prefill: Option<Box<dyn PagePrefill<C>>>,
+}
+
 /// How a backend holds its KV cache, and what it has free now.
 ///
 /// The merged decoder's caches grow per sequence; the GQA decoder allocates a slot of
@@ -184,17 +195,10 @@ pub trait Backend {
         Ok((logits, out))
     }
 
-    /// A handle that encodes images on another thread while this backend decodes, when
-    /// running both at once pays (a GPU: the encoder is compute-bound, large-batch decode
-    /// steps are memory-bound); `None` (the default) keeps encoding on the engine's thread.
-    fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
-        None
-    }
-
-    /// A handle that prefills pages on a vision stage's thread ([`PagePrefill`]), when the
-    /// backend has a fixed cache to reserve sequences in and a second decoder for it; `None`
-    /// (the default) prefills on the engine's thread.
-    fn page_prefill(&self) -> Option<Box<dyn PagePrefill<Self::Cache>>> {
+    /// The handles a vision stage runs on its own threads ([`StageHandles`]), when running
+    /// them beside this backend's decode steps pays (a GPU); `None` (the default) keeps
+    /// encoding and prefilling on the engine's thread.
+    fn stage_handles(&self) -> Option<StageHandles<Self::Cache>> {
         None
     }
 

@@ -10,7 +10,8 @@
 
 use crate::model::preprocess::Pixels;
 use crate::runtime::backend::{
-    Backend, BackendError, BatchLogits, ImageEncoder, KvCapacity, PagePrefill, RowNeed, StepLogits,
+    Backend, BackendError, BatchLogits, ImageEncoder, KvCapacity, PagePrefill, RowNeed,
+    StageHandles, StepLogits,
 };
 use ndarray::{Array2, Array4};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -153,7 +154,7 @@ impl FakeBackend {
             .map_or(0, |p| p.used.load(Ordering::Relaxed))
     }
 
-    /// Offers an image encoder for a vision stage ([`Backend::image_encoder`]); it sleeps
+    /// Offers an image encoder for a vision stage ([`Backend::stage_handles`]); it sleeps
     /// `delay` per image, so decode steps run while it works.
     pub fn with_image_encoder(mut self) -> FakeBackend {
         self.offers_encoder = true;
@@ -327,17 +328,14 @@ impl Backend for FakeBackend {
         encode_width(p, self.refused_width)
     }
 
-    fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
-        self.offers_encoder.then(|| {
+    fn stage_handles(&self) -> Option<StageHandles<FakeCache>> {
+        let encoder = self.offers_encoder.then(|| {
             Box::new(WidthEncoder {
                 delay: self.delay,
                 refused_width: self.refused_width,
             }) as Box<dyn ImageEncoder>
-        })
-    }
-
-    fn page_prefill(&self) -> Option<Box<dyn PagePrefill<FakeCache>>> {
-        self.offers_prefill.then(|| {
+        })?;
+        let prefill = self.offers_prefill.then(|| {
             Box::new(RulePrefill {
                 rule: self.rule.clone(),
                 vocab: self.vocab,
@@ -345,7 +343,8 @@ impl Backend for FakeBackend {
                 delay: self.delay,
                 count: self.stage_prefills.clone(),
             }) as Box<dyn PagePrefill<FakeCache>>
-        })
+        });
+        Some(StageHandles { encoder, prefill })
     }
 
     fn reserve(&mut self, _positions: usize) -> Option<FakeCache> {

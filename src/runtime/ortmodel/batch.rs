@@ -1,18 +1,19 @@
-//! Decoder steps over the KV cache: the decoder's inputs, a sequence's own cache cut out of
-//! the batch cache, repacking (in the decoder's memory with the repack graph on the bound
-//! path, on the host otherwise), and the padded batch step.
+//! The merged decoder's steps over its KV cache ([`MergedDecoder`]): the decoder's inputs, a
+//! sequence's own cache cut out of the batch cache, repacking (in the decoder's memory with
+//! the repack graph on the bound path, on the host otherwise), and the padded batch step.
 
 use super::binding::Inputs;
-use super::kv::{self, BatchKv, RowSrc};
+use super::kv::{self, BatchKv, MergedKv, RowSrc};
+use super::merged::MergedDecoder;
 use super::tensors::i64_tensor;
-use super::{KvPath, OrtCache, OrtModel};
+use super::{Common, KvPath, OrtCache};
 use crate::runtime::backend::BackendError;
 use half::f16;
 use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::graph::DType;
 use ort::value::DynTensor;
 
-impl OrtModel {
+impl MergedDecoder {
     /// The decoder's inputs for `b` rows of `s` new positions each: row `i` has `pasts[i]`
     /// cached positions (right-aligned in a past of `mask.len() / b - s`), `mask` is the
     /// `[b, p + s]` attention mask, and `past` the per-tensor past values.
@@ -37,7 +38,7 @@ impl OrtModel {
             tensor::ATTENTION_MASK.into(),
             i64_tensor(vec![b as i64, width], mask, PART)?,
         ));
-        if self.decoder_takes_positions {
+        if self.takes_positions {
             inputs.push((
                 tensor::POSITION_IDS.into(),
                 i64_tensor(vec![b as i64, s as i64], pos, PART)?,
@@ -51,17 +52,24 @@ impl OrtModel {
         Ok(inputs)
     }
 
-    /// This sequence's own per-layer values, cut out of the batch cache if they live there.
-    pub(super) fn own_kv(&mut self, c: OrtCache) -> Result<Vec<DynTensor>, BackendError> {
-        if let Some(kv) = c.kv {
+    /// The per-layer values of a sequence of `len` positions, cut out of the batch cache if
+    /// they live there.
+    pub(super) fn own_kv(
+        &mut self,
+        common: &mut Common,
+        MergedKv { id, kv }: MergedKv,
+        len: usize,
+    ) -> Result<Vec<DynTensor>, BackendError> {
+        if let Some(kv) = kv {
             return Ok(kv);
         }
         let batch = self.batch.take();
         let r = batch
             .as_ref()
-            .and_then(|b| b.row(c.id))
-            .ok_or_else(|| BackendError::Invalid(format!("KV cache of sequence {} is gone", c.id)));
-        let kv = r.and_then(|r| self.repack(&[(RowSrc::Batch(r), c.len)], batch.as_ref(), c.len));
+            .and_then(|b| b.row(id))
+            .ok_or_else(|| gone(id));
+        let kv =
+            r.and_then(|r| self.repack(common, &[(RowSrc::Batch(r), len)], batch.as_ref(), len));
         self.batch = batch;
         kv
     }
@@ -70,25 +78,26 @@ impl OrtModel {
     /// path, through host memory on the host path or when the repack graph is unavailable.
     fn repack(
         &mut self,
+        c: &mut Common,
         rows: &[(RowSrc, usize)],
         old: Option<&BatchKv>,
         p: usize,
     ) -> Result<Vec<DynTensor>, BackendError> {
         const PART: &str = graph::DECODER_MERGED;
-        self.stats.repacks += 1;
-        if let (KvPath::Bound, Some(r)) = (self.kv_path, self.repacker.as_mut()) {
+        c.stats.repacks += 1;
+        if let (KvPath::Bound, Some(r)) = (c.kv_path, self.repacker.as_mut()) {
             match r.pack(rows, old, p, self.dims) {
                 Ok(kv) => {
-                    self.stats.device_repacks += 1;
+                    c.stats.device_repacks += 1;
                     return Ok(kv);
                 }
                 Err(e) => {
-                    tracing::warn!("repacking the KV cache in {} memory failed ({e}); repacking through host memory", self.placement.kv.allocation_device().as_str());
+                    tracing::warn!("repacking the KV cache in {} memory failed ({e}); repacking through host memory", c.placement.kv.allocation_device().as_str());
                     self.repacker = None;
                 }
             }
         }
-        match self.act {
+        match c.act {
             DType::F16 => kv::pack::<f16>(rows, old, p, self.dims, PART),
             _ => kv::pack::<f32>(rows, old, p, self.dims, PART),
         }
@@ -101,6 +110,7 @@ impl OrtModel {
     /// order); caches are repacked (see [`kv`]) only when sequences join or leave.
     pub(super) fn decode_batch_padded(
         &mut self,
+        common: &mut Common,
         tokens: &[u32],
         caches: Vec<OrtCache>,
     ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
@@ -111,53 +121,49 @@ impl OrtModel {
                 caches.len()
             )));
         }
-        let ids: Vec<u64> = caches.iter().map(|c| c.id).collect();
-        let lens: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let caches = caches
+            .into_iter()
+            .map(OrtCache::into_merged)
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<u64> = caches.iter().map(|(m, _)| m.id).collect();
+        let lens: Vec<usize> = caches.iter().map(|(_, len)| *len).collect();
         let same_batch = self
             .batch
             .as_ref()
             .is_some_and(|bk| bk.ids == ids && bk.lens == lens)
-            && caches.iter().all(|c| c.kv.is_none());
+            && caches.iter().all(|(m, _)| m.kv.is_none());
         let old = self.batch.take();
         let (p, past) = match old {
             Some(bk) if same_batch => (bk.p, bk.kv),
             old => {
                 let p = *lens.iter().max().expect("non-empty batch");
                 let mut rows = Vec::with_capacity(b);
-                for c in caches {
-                    let src = match c.kv {
+                for (m, len) in caches {
+                    let src = match m.kv {
                         Some(kv) => RowSrc::Own(kv),
-                        None => RowSrc::Batch(old.as_ref().and_then(|o| o.row(c.id)).ok_or_else(
-                            || {
-                                BackendError::Invalid(format!(
-                                    "KV cache of sequence {} is gone",
-                                    c.id
-                                ))
-                            },
-                        )?),
+                        None => RowSrc::Batch(
+                            old.as_ref()
+                                .and_then(|o| o.row(m.id))
+                                .ok_or_else(|| gone(m.id))?,
+                        ),
                     };
-                    rows.push((src, c.len));
+                    rows.push((src, len));
                 }
-                (p, self.repack(&rows, old.as_ref(), p)?)
+                (p, self.repack(common, &rows, old.as_ref(), p)?)
             }
         };
-        let embeds = self.embed_ids(vec![b as i64, 1], tokens)?;
+        let embeds = common.embed_ids(vec![b as i64, 1], tokens)?;
         let mut mask = vec![0i64; b * (p + 1)];
         for (i, l) in lens.iter().enumerate() {
             mask[i * (p + 1) + p - l..(i + 1) * (p + 1)].fill(1);
         }
         let inputs = self.decoder_inputs(embeds, mask, b, lens.clone(), 1, past)?;
-        let (logits, kv) = self.run_decoder(inputs)?;
+        let (logits, kv) = self.run_decoder(common, inputs)?;
         let new_lens: Vec<usize> = lens.iter().map(|l| l + 1).collect();
         let caches = ids
             .iter()
             .zip(&new_lens)
-            .map(|(id, l)| OrtCache {
-                id: *id,
-                kv: None,
-                len: *l,
-                slot: None,
-            })
+            .map(|(id, l)| OrtCache::merged(MergedKv { id: *id, kv: None }, *l))
             .collect();
         self.batch = Some(BatchKv {
             ids,
@@ -167,4 +173,9 @@ impl OrtModel {
         });
         Ok((logits, caches))
     }
+}
+
+/// The error for a sequence whose rows the batch cache no longer holds.
+fn gone(id: u64) -> BackendError {
+    BackendError::Invalid(format!("KV cache of sequence {id} is gone"))
 }

@@ -1,5 +1,5 @@
-//! Decoder runs, with the KV cache kept in the execution provider's memory (IoBinding) or
-//! brought back to the host (`Session::run`).
+//! The merged decoder's runs, with the KV cache kept in the execution provider's memory
+//! (IoBinding) or brought back to the host (`Session::run`).
 //!
 //! On the [`KvPath::Bound`] path every input is bound (host inputs are uploaded by ONNX
 //! Runtime; past values that are already on the device are used in place), `logits` is bound
@@ -16,8 +16,9 @@
 //! session has come back in host memory): that is logged once and shows in
 //! [`KvStats::kv_location`]; results are unaffected.
 
+use super::merged::MergedDecoder;
 use super::tensors::{as_tensor, location, read_f};
-use super::OrtModel;
+use super::Common;
 use crate::runtime::backend::BackendError;
 use crate::runtime::providers::Provider;
 use ocrctl_exporters::contract::graph;
@@ -106,6 +107,12 @@ impl Placement {
         };
         Ok(Placement { kv, host })
     }
+
+    /// Where `present.*` are bound, as [`KvStats::kv_location`] names it (e.g. `Cuda:0`).
+    pub fn kv_at(&self) -> String {
+        let kv = &self.kv;
+        format!("{}:{}", kv.allocation_device().as_str(), kv.device_id())
+    }
 }
 
 /// Decoder inputs by name.
@@ -114,41 +121,39 @@ pub(super) type Inputs = Vec<(String, DynTensor)>;
 /// Each row's last-position logits and the `present.*` values in layer order.
 pub(super) type DecoderOut = (Vec<Vec<f32>>, Vec<DynTensor>);
 
-impl OrtModel {
+impl MergedDecoder {
     /// Runs the decoder on `inputs` along the current [`KvPath`].
-    pub(super) fn run_decoder(&mut self, inputs: Inputs) -> Result<DecoderOut, BackendError> {
-        if self.kv_path == KvPath::Bound && self.tap.is_none() {
-            let bound_err = match self.run_bound(&inputs) {
+    pub(super) fn run_decoder(
+        &mut self,
+        c: &mut Common,
+        inputs: Inputs,
+    ) -> Result<DecoderOut, BackendError> {
+        if c.kv_path == KvPath::Bound && c.tap.is_none() {
+            let bound_err = match self.run_bound(&c.placement, &inputs) {
                 Ok(r) => {
-                    self.stats.bound_runs += 1;
-                    return self.note_location(r);
+                    c.stats.bound_runs += 1;
+                    return note_location(c, r);
                 }
                 Err(e) => e,
             };
-            let r = self.run_plain(&inputs)?;
+            let r = self.run_plain(c, &inputs)?;
             tracing::warn!(
                 "keeping the KV cache in {} memory failed ({bound_err}); falling back to host memory",
-                self.placement.kv.allocation_device().as_str()
+                c.placement.kv.allocation_device().as_str()
             );
-            self.kv_path = KvPath::Host;
-            self.stats.fallback = Some(bound_err.to_string());
-            self.stats.host_runs += 1;
-            return self.note_location(r);
+            c.kv_path = KvPath::Host;
+            c.stats.fallback = Some(bound_err.to_string());
+            c.stats.host_runs += 1;
+            return note_location(c, r);
         }
-        let r = self.run_plain(&inputs)?;
-        self.stats.host_runs += 1;
-        self.note_location(r)
-    }
-
-    fn note_location(&mut self, r: DecoderOut) -> Result<DecoderOut, BackendError> {
-        self.stats.kv_location = r.1.first().map(location);
-        Ok(r)
+        let r = self.run_plain(c, &inputs)?;
+        c.stats.host_runs += 1;
+        note_location(c, r)
     }
 
     /// Logs (once) presents of a bound run that are not where they were bound.
-    fn check_placement(&mut self, r: &DecoderOut) {
-        let want = &self.placement.kv;
-        let want = format!("{}:{}", want.allocation_device().as_str(), want.device_id());
+    fn check_placement(&mut self, placement: &Placement, r: &DecoderOut) {
+        let want = placement.kv_at();
         match r.1.first().map(location) {
             Some(got) if got != want && !self.warned_placement => {
                 tracing::warn!(
@@ -160,7 +165,11 @@ impl OrtModel {
         }
     }
 
-    fn run_bound(&mut self, inputs: &Inputs) -> Result<DecoderOut, BackendError> {
+    fn run_bound(
+        &mut self,
+        placement: &Placement,
+        inputs: &Inputs,
+    ) -> Result<DecoderOut, BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         #[cfg(test)]
         if tests::FAIL_BINDING.get() {
@@ -173,10 +182,10 @@ impl OrtModel {
         for (name, v) in inputs {
             b.bind_input(name.as_str(), v).map_err(rt)?;
         }
-        b.bind_output_to_device("logits", &self.placement.host)
+        b.bind_output_to_device("logits", &placement.host)
             .map_err(rt)?;
         for name in &self.present_names {
-            b.bind_output_to_device(name.as_str(), &self.placement.kv)
+            b.bind_output_to_device(name.as_str(), &placement.kv)
                 .map_err(rt)?;
         }
         // Host inputs are copied to the device as they are bound; make sure the copies are done.
@@ -184,11 +193,11 @@ impl OrtModel {
         let mut out = self.decoder.run_binding(&b).map_err(rt)?;
         let r = split_outputs(&mut out, &self.present_names)?;
         drop(out);
-        self.check_placement(&r);
+        self.check_placement(placement, &r);
         Ok(r)
     }
 
-    fn run_plain(&mut self, inputs: &Inputs) -> Result<DecoderOut, BackendError> {
+    fn run_plain(&mut self, c: &mut Common, inputs: &Inputs) -> Result<DecoderOut, BackendError> {
         let feed: Vec<(Cow<str>, SessionInputValue)> = inputs
             .iter()
             .map(|(n, v)| (Cow::from(n.as_str()), SessionInputValue::from(v)))
@@ -197,9 +206,15 @@ impl OrtModel {
             .decoder
             .run(feed)
             .map_err(|e| BackendError::runtime(PART, e))?;
-        super::tap_outputs(&mut self.tap, &out, PART)?;
+        super::tap_outputs(&mut c.tap, &out, PART)?;
         split_outputs(&mut out, &self.present_names)
     }
+}
+
+/// Records where the presents of a run are ([`KvStats::kv_location`]).
+fn note_location(c: &mut Common, r: DecoderOut) -> Result<DecoderOut, BackendError> {
+    c.stats.kv_location = r.1.first().map(location);
+    Ok(r)
 }
 
 /// Takes the logits (last position of each row) and the presents out of a run's outputs.

@@ -27,19 +27,21 @@
 //! or an 8-bit type of an export made with `--kv-cache fp8|int8`
 //! (`ocrctl_exporters::kv_cache`), which then holds twice the positions per byte.
 //!
-//! Submodules: `graphs` (CUDA graphs of the decode steps), `outputs` (what a run brings to
-//! the host), `model` (the model's `forward` and decode steps on this path), `view` (slots
-//! bound in place, of any element type).
+//! Submodules: `decoder` ([`GqaDecoder`]: the path's load, `forward` and decode steps),
+//! `graphs` (CUDA graphs of the decode steps), `outputs` (what a run brings to the host),
+//! `view` (slots bound in place, of any element type).
 //!
 //! ort's `IoBinding::bind_input` copies a tensor made over borrowed memory before binding it
 //! (a safety net for host arrays); for these views that copy would be the whole cache, so the
 //! inputs are bound with ONNX Runtime's C `BindInput` directly ([`bind_input_in_place`],
 //! [`view::RawView`]).
 
+mod decoder;
 mod graphs;
-mod model;
 mod outputs;
 mod view;
+
+pub(super) use decoder::{GqaDecoder, GqaLoad};
 
 use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
 use ocrctl_exporters::contract::{graph, tensor, Kv};

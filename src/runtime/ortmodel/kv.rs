@@ -16,40 +16,72 @@ use crate::runtime::backend::BackendError;
 use ort::value::{DynTensor, PrimitiveTensorElementType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The KV cache of one sequence: `present.*` values from the last step, and its length.
-///
-/// After a batch step the sequence's rows live in the model's padded batch cache; they stay
-/// valid until a `decode_batch` call leaves the sequence out (the batch cache then holds only
-/// that call's sequences).
+/// The KV cache of one sequence: its length, and where its values are, by decoder path
+/// (`Held`).
 pub struct OrtCache {
+    pub(super) len: usize,
+    pub(super) held: Held,
+}
+
+/// Where a sequence's KV values are: one variant per decoder path (a paged path adds its
+/// block table here).
+pub(super) enum Held {
+    /// The merged decoder's: `present.*` values from the last step.
+    Merged(MergedKv),
+    /// The GQA decoder's: the slot of the model's KV cache this sequence owns (freed on drop).
+    Slot(super::gqa::Slot),
+}
+
+/// A sequence's values on the merged path. After a batch step its rows live in the model's
+/// padded batch cache; they stay valid until a `decode_batch` call leaves the sequence out
+/// (the batch cache then holds only that call's sequences).
+pub(super) struct MergedKv {
     /// Unique per sequence step chain, to recognise the rows of the shared batch cache.
-    pub(super) id: u64,
+    pub id: u64,
     /// This sequence's own `present.*` values (`[1, kv_heads, len, head_dim]`), or `None` when
     /// its rows live in the model's padded batch cache.
-    pub(super) kv: Option<Vec<DynTensor>>,
-    pub(super) len: usize,
-    /// On the GQA path: the slot of the model's KV cache this sequence owns (freed on drop).
-    pub(super) slot: Option<super::gqa::Slot>,
+    pub kv: Option<Vec<DynTensor>>,
 }
 
 impl OrtCache {
-    /// A new sequence's cache.
+    /// A new sequence's cache on the merged path.
     pub(super) fn own(kv: Vec<DynTensor>, len: usize) -> OrtCache {
+        let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
+        OrtCache::merged(MergedKv { id, kv: Some(kv) }, len)
+    }
+
+    /// A merged-path cache of `len` positions.
+    pub(super) fn merged(m: MergedKv, len: usize) -> OrtCache {
         OrtCache {
-            id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
-            kv: Some(kv),
             len,
-            slot: None,
+            held: Held::Merged(m),
         }
     }
 
     /// A new sequence's cache in a slot of the model's GQA cache.
     pub(super) fn in_slot(slot: super::gqa::Slot) -> OrtCache {
         OrtCache {
-            id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
-            kv: None,
             len: 0,
-            slot: Some(slot),
+            held: Held::Slot(slot),
+        }
+    }
+
+    /// The merged path's values and the length, or an error naming the path that made
+    /// this cache.
+    pub(super) fn into_merged(self) -> Result<(MergedKv, usize), BackendError> {
+        match self.held {
+            Held::Merged(m) => Ok((m, self.len)),
+            Held::Slot(_) => Err(BackendError::Invalid(
+                "a KV cache made by the GQA decoder reached the merged decoder".into(),
+            )),
+        }
+    }
+
+    /// The GQA slot this cache owns (`None` on the merged path).
+    pub(super) fn slot(&self) -> Option<usize> {
+        match &self.held {
+            Held::Slot(s) => Some(s.index),
+            Held::Merged(_) => None,
         }
     }
 }

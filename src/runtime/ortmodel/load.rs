@@ -1,9 +1,12 @@
-//! [`OrtModel::load`]: an export's sessions (vision encoder, embeddings, decoder), its
-//! decoder variant and KV cache, CUDA graphs for the GQA decoder's decode steps, and the
-//! stages' sessions, as the [`LoadOptions`] ask.
+//! [`OrtModel::load`]: an export's sessions (vision encoder, embeddings, decoder) and the
+//! decoder path the [`LoadOptions`] and the export choose ([`DecoderPath`]; the GQA path
+//! loads its own cache, CUDA graphs and prefill stage, `gqa::GqaDecoder::load`).
 
+use super::merged::MergedDecoder;
 use super::*;
+use ocrctl_exporters::graph::GraphInfo;
 use ort::value::TensorElementType;
+use std::collections::BTreeMap;
 
 impl OrtModel {
     /// Loads the export in `dir` with the given precision.
@@ -11,63 +14,12 @@ impl OrtModel {
         // Creating sessions allocates device memory: not while another thread captures.
         let mut gpu = capture::shared();
         let manifest = Manifest::load(dir)?;
-        let graphs =
-            manifest
-                .graphs
-                .get(&opts.precision)
-                .ok_or_else(|| LoadError::NoPrecision {
-                    dir: dir.to_path_buf(),
-                    precision: opts.precision.name().into(),
-                    available: manifest
-                        .precisions
-                        .iter()
-                        .map(|p| p.name())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })?;
-        let paged_refused = || LoadError::Session {
-            path: dir.join(MANIFEST_NAME),
-            message: format!(
-                "the paged decoder ({}) is exported to be checked on a GPU \
-                 (scripts/check_paged.py); ocrctl does not run it yet: export and run \
-                 --decoder gqa (or merged)",
-                graph::DECODER_PAGED
-            ),
-        };
-        let has = |v: DecoderVariant| graphs.contains_key(v.part());
-        let variant = match opts.decoder {
-            Some(DecoderVariant::Paged) => return Err(paged_refused()),
-            Some(v) if !has(v) => {
-                return Err(LoadError::Session {
-                    path: dir.join(MANIFEST_NAME),
-                    message: format!(
-                        "the {} decoder was not exported for {} (export with --decoder {})",
-                        v.part(),
-                        opts.precision.name(),
-                        v.name()
-                    ),
-                })
-            }
-            Some(v) => v,
-            None if has(DecoderVariant::Gqa) => DecoderVariant::Gqa,
-            None if !has(DecoderVariant::Merged) && has(DecoderVariant::Paged) => {
-                return Err(paged_refused())
-            }
-            None => DecoderVariant::Merged,
-        };
+        let graphs = graphs_of(&manifest, dir, opts)?;
+        let variant = choose_variant(dir, opts, |v| graphs.contains_key(v.part()))?;
         if opts.verify {
             verify_files(dir, &manifest, opts.precision, variant)?;
         }
-        let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
-        match crate::runtime::providers::usable(&opts.providers) {
-            Ok((_, notes)) => notes.iter().for_each(|n| tracing::warn!("{n}")),
-            Err(e) => {
-                return Err(LoadError::Session {
-                    path: dir.to_path_buf(),
-                    message: e.to_string(),
-                })
-            }
-        }
+        let env = environment(dir, opts)?;
         let path_of = |part: &str| -> Result<PathBuf, LoadError> {
             let g = graphs.get(part).ok_or_else(|| LoadError::Session {
                 path: dir.join(MANIFEST_NAME),
@@ -79,176 +31,166 @@ impl OrtModel {
         let decoder_path = path_of(variant.part())?;
         // The cache's type is the graph's (read below); the manifest's record of it picks
         // ONNX Runtime's transformers before the session exists (a speed matter only).
-        let decoder_tweaks = session::Tweaks::decoder(variant, &manifest.kv_cache);
+        let tweaks = session::Tweaks::decoder(variant, &manifest.kv_cache);
         let vision = session::build(&env, &path_of(graph::VISION)?, opts, Default::default())?;
         let mut embed =
             session::build(&env, &path_of(graph::EMBED)?, opts, Default::default())?.session;
-        let (mut decoder, graphs_on) =
-            match session::build(&env, &decoder_path, opts, decoder_tweaks) {
-                // ONNX Runtime refuses graph capture for a session with nodes outside the CUDA
-                // provider; the decoder then runs uncaptured rather than not at all.
-                Err(e) if opts.providers.cuda.cuda_graphs && variant == DecoderVariant::Gqa => {
-                    tracing::warn!("CUDA graphs unavailable ({e}); decode steps run without them");
-                    let mut plain = opts.clone();
-                    plain.providers.cuda.cuda_graphs = false;
-                    (
-                        session::build(&env, &decoder_path, &plain, decoder_tweaks)?,
-                        false,
-                    )
-                }
-                r => (r?, opts.providers.cuda.cuda_graphs),
-            };
-        let (t_hidden, t_vocab) = (t.hidden_size, t.vocab_size);
-        let placement = Placement::for_provider(decoder.provider, opts.providers.device_id)
-            .map_err(|e| LoadError::Session {
-                path: decoder_path.clone(),
-                message: e.to_string(),
-            })?;
-        let act = opts.precision.dtype();
-        // The GQA decoder never repacks: its cache is updated in place.
-        let repacker = if variant == DecoderVariant::Gqa {
-            None
-        } else {
-            match Repacker::new(
-                &env,
-                decoder.provider,
-                opts.providers.device_id,
-                act,
-                &placement.kv,
-                &decoder.session,
-            ) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::warn!("KV repack graph unavailable ({e}); batch caches are repacked through host memory");
-                    None
-                }
-            }
-        };
-        let gqa = match variant {
-            // (A paged decoder was refused above.)
-            DecoderVariant::Merged | DecoderVariant::Paged => None,
-            DecoderVariant::Gqa => {
-                if decoder.provider.is_gpu() {
-                    let kind = gqa::cache_element_type(&decoder.session, act);
-                    // nvidia-smi (~0.1 s) is asked only for an 8-bit cache.
-                    let device = opts.providers.device_id.max(0) as usize;
-                    let cc = || crate::runtime::gpumem::compute_capability(device);
-                    if let Some(w) = slow_cache_warning(kind, cc) {
-                        tracing::warn!("{}: {w}", decoder_path.display());
-                    }
-                }
-                let max_pos = t.max_position_embeddings.max(1);
-                let max_seq = match opts.max_sequence_length {
-                    0 => max_pos.min(8192),
-                    n => n.min(max_pos),
-                };
-                let cache = gqa::GqaCache::new(
-                    &decoder.session,
-                    placement.kv.clone(),
-                    act,
-                    t.num_kv_heads,
-                    t.head_dim,
-                    opts.kv_slots.max(1),
-                    max_seq,
-                    t.num_layers,
-                )
-                .map_err(|e| LoadError::Session {
+        let (decoder, graphs_on) = build_decoder(&env, &decoder_path, opts, variant, tweaks)?;
+        let provider = decoder.provider;
+        let placement =
+            Placement::for_provider(provider, opts.providers.device_id).map_err(|e| {
+                LoadError::Session {
                     path: decoder_path.clone(),
                     message: e.to_string(),
-                })?;
-                let mut cache = cache;
-                if graphs_on && decoder.provider == Provider::Cuda {
-                    let t = std::time::Instant::now();
-                    // The capture takes the lock alone (see `capture`).
-                    let captured = gpu.released(|| {
-                        cache.enable_graphs(&mut decoder.session, &mut embed, t_hidden, t_vocab)
-                    });
-                    match captured {
-                        Ok(()) => tracing::info!(
-                            "CUDA graphs for decode steps of 1 to {} sequences captured in {:.1} s",
-                            cache.slots,
-                            t.elapsed().as_secs_f64()
-                        ),
-                        Err(e) => tracing::warn!(
-                            "CUDA graphs unavailable ({e}); decode steps run without them"
-                        ),
-                    }
                 }
-                tracing::info!(
-                    "GQA decoder, KV cache of {} sequences x {} positions ({:.2} GiB, {:?}) in {} memory",
-                    cache.slots,
-                    cache.max_seq,
-                    cache.bytes() as f64 / (1u64 << 30) as f64,
-                    cache.element_type(),
-                    placement.kv.allocation_device().as_str()
-                );
-                Some(cache)
-            }
-        };
-        let stages = opts.vision_stage && (decoder.provider.is_gpu() || opts.stages_on_cpu);
-        let prefill_stage = match &gqa {
-            Some(cache) if stages && opts.prefill_stage => {
+            })?;
+        let act = opts.precision.dtype();
+        let stages = opts.vision_stage && (provider.is_gpu() || opts.stages_on_cpu);
+        let mut stats = KvStats::default();
+        let path = match variant {
+            DecoderVariant::Gqa => {
+                if provider.is_gpu() {
+                    warn_slow_cache(&decoder.session, act, opts, &decoder_path);
+                }
                 let embed_path = path_of(graph::EMBED)?;
-                let paths = (decoder_path.as_path(), embed_path.as_path());
-                stage::build(
-                    &env,
-                    paths,
+                let l = gqa::GqaLoad {
+                    env: &env,
                     opts,
-                    decoder_tweaks,
-                    cache,
+                    text: t,
+                    paths: (decoder_path.as_path(), embed_path.as_path()),
+                    tweaks,
                     act,
-                    &placement.host,
-                )
-            }
-            _ => None,
-        };
-        let gqa_location = gqa.as_ref().map(|_| {
-            format!(
-                "{}:{}",
-                placement.kv.allocation_device().as_str(),
-                placement.kv.device_id()
-            )
-        });
-        Ok(OrtModel {
-            gqa,
-            act,
-            vision: Arc::new(Mutex::new(Vision::new(
-                vision.session,
-                vision.provider,
-                opts.providers.device_id,
-            ))),
-            embed,
-            decoder_takes_positions: decoder
-                .session
-                .inputs()
-                .iter()
-                .any(|i| i.name() == tensor::POSITION_IDS),
-            decoder: decoder.session,
-            provider: decoder.provider,
-            vision_stage: stages,
-            prefill_stage,
-            placement,
-            repacker,
-            kv_path: KvPath::Bound,
-            stats: KvStats {
+                    placement: &placement,
+                    stages,
+                };
+                let built = (decoder.session, provider);
+                let g = gqa::GqaDecoder::load(&l, built, graphs_on, &mut embed, &mut gpu)?;
                 // The GQA cache lives where it was allocated, from the first run on.
-                kv_location: gqa_location,
-                ..KvStats::default()
-            },
-            warned_placement: false,
-            past_names: tensor::cache_names(t.num_layers, false),
-            present_names: tensor::cache_names(t.num_layers, true),
-            dims: KvDims {
-                kv_heads: t.num_kv_heads,
-                head_dim: t.head_dim,
-                tensors: 2 * t.num_layers,
-            },
+                stats.kv_location = Some(placement.kv_at());
+                DecoderPath::Gqa(g)
+            }
+            // (A paged decoder was refused by `choose_variant`.)
+            DecoderVariant::Merged | DecoderVariant::Paged => DecoderPath::Merged(
+                MergedDecoder::new(&env, (decoder.session, provider), opts, act, &placement, t),
+            ),
+        };
+        let vision = Vision::new(vision.session, vision.provider, opts.providers.device_id);
+        Ok(OrtModel {
+            vision: Arc::new(Mutex::new(vision)),
+            provider,
+            vision_stage: stages,
             hidden: t.hidden_size,
-            tap: None,
-            batch: None,
+            common: Common {
+                act,
+                embed,
+                placement,
+                kv_path: KvPath::Bound,
+                stats,
+                tap: None,
+            },
+            path,
             dir: dir.to_path_buf(),
             manifest,
         })
+    }
+}
+
+/// The graphs `manifest` lists for the precision `opts` asks for.
+fn graphs_of<'m>(
+    manifest: &'m Manifest,
+    dir: &Path,
+    opts: &LoadOptions,
+) -> Result<&'m BTreeMap<String, GraphInfo>, LoadError> {
+    manifest.graphs.get(&opts.precision).ok_or_else(|| {
+        let available: Vec<_> = manifest.precisions.iter().map(|p| p.name()).collect();
+        LoadError::NoPrecision {
+            dir: dir.to_path_buf(),
+            precision: opts.precision.name().into(),
+            available: available.join(", "),
+        }
+    })
+}
+
+/// ONNX Runtime's environment, after checking that the providers `opts` asks for can run
+/// (their notes are logged as warnings).
+fn environment(dir: &Path, opts: &LoadOptions) -> Result<ort::environment::Environment, LoadError> {
+    let (_, env) = crate::runtime::ortlib::environment(opts.ort_lib.as_deref())?;
+    match crate::runtime::providers::usable(&opts.providers) {
+        Ok((_, notes)) => notes.iter().for_each(|n| tracing::warn!("{n}")),
+        Err(e) => {
+            return Err(LoadError::Session {
+                path: dir.to_path_buf(),
+                message: e.to_string(),
+            })
+        }
+    }
+    Ok(env)
+}
+
+/// The decoder graph a load runs: the one `opts` names, else `gqa` when the export has it
+/// (`has`), else `merged`. The paged decoder is refused: ocrctl does not run it yet (its
+/// place is documented in `super::path`).
+fn choose_variant(
+    dir: &Path,
+    opts: &LoadOptions,
+    has: impl Fn(DecoderVariant) -> bool,
+) -> Result<DecoderVariant, LoadError> {
+    let refused = |message: String| LoadError::Session {
+        path: dir.join(MANIFEST_NAME),
+        message,
+    };
+    let paged_refused = || {
+        refused(format!(
+            "the paged decoder ({}) is exported to be checked on a GPU \
+             (scripts/check_paged.py); ocrctl does not run it yet: export and run \
+             --decoder gqa (or merged)",
+            graph::DECODER_PAGED
+        ))
+    };
+    match opts.decoder {
+        Some(DecoderVariant::Paged) => Err(paged_refused()),
+        Some(v) if !has(v) => Err(refused(format!(
+            "the {} decoder was not exported for {} (export with --decoder {})",
+            v.part(),
+            opts.precision.name(),
+            v.name()
+        ))),
+        Some(v) => Ok(v),
+        None if has(DecoderVariant::Gqa) => Ok(DecoderVariant::Gqa),
+        None if !has(DecoderVariant::Merged) && has(DecoderVariant::Paged) => Err(paged_refused()),
+        None => Ok(DecoderVariant::Merged),
+    }
+}
+
+/// The decoder's session, and whether CUDA graphs are enabled on it. ONNX Runtime refuses
+/// graph capture for a session with nodes outside the CUDA provider; a GQA decoder then runs
+/// uncaptured rather than not at all.
+fn build_decoder(
+    env: &ort::environment::Environment,
+    path: &Path,
+    opts: &LoadOptions,
+    variant: DecoderVariant,
+    tweaks: session::Tweaks<'_>,
+) -> Result<(session::Built, bool), LoadError> {
+    match session::build(env, path, opts, tweaks) {
+        Err(e) if opts.providers.cuda.cuda_graphs && variant == DecoderVariant::Gqa => {
+            tracing::warn!("CUDA graphs unavailable ({e}); decode steps run without them");
+            let mut plain = opts.clone();
+            plain.providers.cuda.cuda_graphs = false;
+            Ok((session::build(env, path, &plain, tweaks)?, false))
+        }
+        r => Ok((r?, opts.providers.cuda.cuda_graphs)),
+    }
+}
+
+/// Warns when the GQA `decoder`'s 8-bit KV cache will be slow on this GPU (see
+/// [`slow_cache_warning`]; nvidia-smi, ~0.1 s, is asked only for an 8-bit cache).
+fn warn_slow_cache(decoder: &Session, act: DType, opts: &LoadOptions, path: &Path) {
+    let kind = gqa::cache_element_type(decoder, act);
+    let device = opts.providers.device_id.max(0) as usize;
+    let cc = || crate::runtime::gpumem::compute_capability(device);
+    if let Some(w) = slow_cache_warning(kind, cc) {
+        tracing::warn!("{}: {w}", path.display());
     }
 }
 

@@ -1,18 +1,26 @@
 //! [`OrtModel`]: an exported model directory run with ONNX Runtime.
 //!
-//! Loads `onnx/{vision_encoder,embed_tokens,decoder_model_merged}{suffix}.onnx` named by
-//! the export's `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return
-//! float16 tensors; conversion happens here so generation always sees float32.
+//! Loads `onnx/{vision_encoder,embed_tokens,decoder_*}{suffix}.onnx` named by the export's
+//! `ocrctl.json`, and implements [`Backend`]. fp16 graphs take and return float16 tensors;
+//! conversion happens here so generation always sees float32. The model holds what every
+//! decoder path shares (vision encoder, embeddings, `Common`) and one `DecoderPath`: a
+//! type per decoder graph that owns its session, its KV cache and its prefill and step code
+//! (`path`; the paged decoder's place is documented there).
 //!
-//! Submodules: `load` ([`OrtModel::load`]), `session` (sessions with provider fallback, the
-//! file digests checked before a load), `tensors` (value helpers), `gqa` (the GQA decoder's slot cache, updated in place),
-//! `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack` (the same
-//! repacking in the execution provider's memory with a small ONNX graph), `batch` (decoder
-//! inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
-//! execution provider's memory with IoBinding, see [`KvPath`]), `vision` (the vision encoder
-//! run, and its handle for a vision stage's thread), `stage` (the prefill stage's sessions,
-//! `--prefill-stage on`), `capture` (the lock that keeps other threads' GPU work out of a
-//! CUDA graph capture; every GPU-touching entry point here holds it shared).
+//! Submodules: `load` ([`OrtModel::load`]), `path` (the decoder paths' trait and enum),
+//! `session` (sessions with provider fallback, the file digests checked before a load),
+//! `tensors` (value helpers), `vision` (the vision encoder run, and its handle for a vision
+//! stage's thread), `capture` (the lock that keeps other threads' GPU work out of a CUDA graph
+//! capture; every GPU-touching entry point here holds it shared).
+//!
+//! The merged decoder (`merged::MergedDecoder`): `merged` (the type, its load and
+//! dispatch), `kv` (per-sequence and padded batch KV caches, repacking on the host), `repack`
+//! (the same repacking in the execution provider's memory with a small ONNX graph), `batch`
+//! (decoder inputs, padded batch steps), `binding` (decoder runs that keep the KV cache in the
+//! execution provider's memory with IoBinding, see [`KvPath`]).
+//!
+//! The GQA decoder (`gqa::GqaDecoder`): `gqa` (its slot cache, updated in place, its load,
+//! steps and CUDA graphs), `stage` (the prefill stage's sessions, `--prefill-stage on`).
 
 mod batch;
 mod binding;
@@ -20,6 +28,8 @@ mod capture;
 mod gqa;
 mod kv;
 mod load;
+mod merged;
+mod path;
 mod repack;
 mod session;
 mod stage;
@@ -32,22 +42,21 @@ pub use kv::OrtCache;
 pub use load::fast_8bit_caches;
 
 use crate::runtime::backend::{
-    Backend, BackendError, ImageEncoder, KvCapacity, PagePrefill, RowNeed, StepLogits,
+    Backend, BackendError, BatchLogits, KvCapacity, PagePrefill, RowNeed, StageHandles, StepLogits,
 };
 use crate::runtime::providers::{Provider, ProviderConfig};
 use binding::Placement;
-use kv::{BatchKv, KvDims};
 use ndarray::Array2;
 use ocrctl_exporters::contract::{graph, tensor};
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use ocrctl_exporters::graph::DType;
 use ort::session::{Session, SessionInputValue};
 use ort::value::DynTensor;
-use repack::Repacker;
+use path::DecoderPath;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tensors::{as_tensor, float_tensor, i64_tensor, read_f};
+use tensors::{as_tensor, i64_tensor, read_f};
 
 /// Options for loading a model.
 #[derive(Debug, Clone)]
@@ -121,40 +130,42 @@ pub enum LoadError {
     Session { path: PathBuf, message: String },
 }
 
-/// The three sessions of an export plus what generation needs to know about them.
+/// An export's sessions plus what generation needs to know about them: the parts every
+/// decoder path shares (vision encoder, embeddings, `Common`) and the decoder path the load
+/// chose (`DecoderPath`), which owns the decoder session and its KV cache.
 pub struct OrtModel {
     pub manifest: Manifest,
     pub dir: PathBuf,
-    act: DType,
     /// The vision encoder, shared with the [`VisionHandle`]s given to a vision stage.
     vision: Arc<Mutex<Vision>>,
-    embed: Session,
-    decoder: Session,
-    /// Whether the merged decoder takes `position_ids` (`--target tensorrt` graphs and older
-    /// exports; the ONNX Runtime graph derives them from the mask).
-    decoder_takes_positions: bool,
     /// The decoder session's main execution provider.
     provider: Provider,
-    /// Whether [`Backend::image_encoder`] may offer the encoder ([`LoadOptions::vision_stage`],
+    /// Whether [`Backend::stage_handles`] may offer the encoder ([`LoadOptions::vision_stage`],
     /// and a GPU provider or [`LoadOptions::stages_on_cpu`]).
     vision_stage: bool,
-    /// The prefill stage's sessions, when it has them ([`LoadOptions::prefill_stage`]).
-    prefill_stage: Option<Arc<Mutex<stage::PrefillParts>>>,
+    hidden: usize,
+    common: Common,
+    path: DecoderPath,
+}
+
+/// What the decoder paths share with the rest of the model: the embedding session, the
+/// activation type, where outputs are bound, the counters and the calibration tap. A path's
+/// methods take it beside their own state ([`path::Decoder`]).
+pub(super) struct Common {
+    act: DType,
+    embed: Session,
     placement: Placement,
-    /// Repacks in the decoder's memory (`None` if its session could not be made or failed).
-    repacker: Option<Repacker>,
+    /// How merged decoder runs move the KV cache (the GQA path's cache never moves).
     kv_path: KvPath,
     stats: KvStats,
-    /// Whether presents were found outside the memory they were bound to (logged once).
-    warned_placement: bool,
-    past_names: Vec<String>,
-    present_names: Vec<String>,
-    dims: KvDims,
-    hidden: usize,
     tap: Option<Tap>,
-    batch: Option<BatchKv>,
-    /// The GQA decoder's KV cache (`decoder` is then the `decoder_gqa` graph).
-    gqa: Option<gqa::GqaCache>,
+}
+
+impl Common {
+    /// Embeddings of `ids` shaped `shape` (`[B, S]`) as a value of the graph's dtype.
+    fn embed_ids(&mut self, shape: Vec<i64>, ids: &[u32]) -> Result<DynTensor, BackendError> {
+        embed_with(&mut self.embed, shape, ids)
+    }
 }
 
 use session::verify_files;
@@ -163,24 +174,20 @@ pub use session::write_optimized_graph;
 impl OrtModel {
     /// The decoder graph this model runs.
     pub fn decoder_variant(&self) -> DecoderVariant {
-        if self.gqa.is_some() {
-            DecoderVariant::Gqa
-        } else {
-            DecoderVariant::Merged
-        }
+        self.path.get().variant()
     }
 
     /// Sequences and positions per sequence of the GQA decoder's KV cache (`None` on the
     /// merged decoder, whose caches grow with each sequence).
     pub fn kv_slots(&self) -> Option<(usize, usize)> {
-        self.gqa.as_ref().map(|g| (g.slots, g.max_seq))
+        self.path.gqa().map(|g| (g.cache.slots, g.cache.max_seq))
     }
 
     /// Bytes of the GQA decoder's KV cache (`None` on the merged decoder): slots × positions
     /// × layers × 2 × KV heads × head_dim × the graph's cache element size (one byte for an
     /// `--kv-cache fp8|int8` export).
     pub fn kv_cache_bytes(&self) -> Option<usize> {
-        self.gqa.as_ref().map(|g| g.bytes())
+        self.path.gqa().map(|g| g.cache.bytes())
     }
 
     /// The execution provider the decoder session got (after any fallback).
@@ -190,18 +197,18 @@ impl OrtModel {
 
     /// How decoder runs move the KV cache (after any fallback).
     pub fn kv_path(&self) -> KvPath {
-        self.kv_path
+        self.common.kv_path
     }
 
     /// Chooses how later decoder runs move the KV cache. Caches made on either path stay
     /// valid on the other.
     pub fn set_kv_path(&mut self, path: KvPath) {
-        self.kv_path = path;
+        self.common.kv_path = path;
     }
 
     /// Counters of the decoder runs so far.
     pub fn kv_stats(&self) -> &KvStats {
-        &self.stats
+        &self.common.stats
     }
 
     /// Where the vision encoder's pixels upload from: `"pinned"` (a page-locked staging buffer,
@@ -212,7 +219,7 @@ impl OrtModel {
 
     /// Prefills the prefill stage has run (`None` without one, [`LoadOptions::prefill_stage`]).
     pub fn prefill_stage_runs(&self) -> Option<usize> {
-        let parts = self.prefill_stage.as_ref()?;
+        let parts = self.path.gqa()?.prefill_stage.as_ref()?;
         Some(parts.lock().unwrap_or_else(|e| e.into_inner()).runs)
     }
 }
@@ -223,7 +230,7 @@ pub type Tap = Box<dyn FnMut(&str, &[usize], &[f32]) + Send>;
 impl OrtModel {
     /// Sends every `calib.*` output of later runs (calibration exports only) to `tap`.
     pub fn set_tap(&mut self, tap: Option<Tap>) {
-        self.tap = tap;
+        self.common.tap = tap;
     }
 }
 
@@ -257,37 +264,38 @@ impl Backend for OrtModel {
         &mut self,
         pixel_values: &crate::model::preprocess::Pixels,
     ) -> Result<Array2<f32>, BackendError> {
-        vision::run(&self.vision, pixel_values, &mut self.tap)
+        vision::run(&self.vision, pixel_values, &mut self.common.tap)
     }
 
-    fn image_encoder(&self) -> Option<Box<dyn ImageEncoder>> {
+    fn stage_handles(&self) -> Option<StageHandles<OrtCache>> {
         // Only on a GPU (on the CPU both would share the same cores), unless switched off,
         // and never while a calibration tap reads the encoder's outputs on this thread.
-        (self.vision_stage && self.tap.is_none()).then(|| {
-            Box::new(VisionHandle {
+        if !self.vision_stage || self.common.tap.is_some() {
+            return None;
+        }
+        let prefill = self.path.gqa().and_then(|g| g.prefill_stage.as_ref());
+        Some(StageHandles {
+            encoder: Box::new(VisionHandle {
                 vision: self.vision.clone(),
-            }) as Box<dyn ImageEncoder>
-        })
-    }
-
-    fn page_prefill(&self) -> Option<Box<dyn PagePrefill<OrtCache>>> {
-        let parts = self.prefill_stage.as_ref()?;
-        (self.vision_stage && self.tap.is_none()).then(|| {
-            Box::new(stage::PrefillHandle {
-                parts: parts.clone(),
-            }) as Box<dyn PagePrefill<OrtCache>>
+            }),
+            prefill: prefill.map(|parts| {
+                Box::new(stage::PrefillHandle {
+                    parts: parts.clone(),
+                }) as Box<dyn PagePrefill<OrtCache>>
+            }),
         })
     }
 
     fn reserve(&mut self, positions: usize) -> Option<OrtCache> {
-        self.prefill_stage.as_ref()?;
-        let slot = self.gqa.as_mut()?.reserve(positions)?;
-        Some(OrtCache::in_slot(slot))
+        match &mut self.path {
+            DecoderPath::Gqa(g) => g.reserve(positions),
+            DecoderPath::Merged(_) => None,
+        }
     }
 
     fn embed(&mut self, ids: &[u32]) -> Result<Array2<f32>, BackendError> {
         let _gpu = capture::shared();
-        embed_rows(&mut self.embed, ids)
+        embed_rows(&mut self.common.embed, ids)
     }
 
     fn forward(
@@ -296,37 +304,11 @@ impl Backend for OrtModel {
         cache: Option<OrtCache>,
     ) -> Result<(Vec<f32>, OrtCache), BackendError> {
         let _gpu = capture::shared();
-        if self.gqa.is_some() {
-            return self.gqa_forward(embeds, cache);
-        }
-        const PART: &str = graph::DECODER_MERGED;
-        let (s, d) = (embeds.nrows(), embeds.ncols());
-        let past = cache.as_ref().map_or(0, |c| c.len);
-        let data = tensors::into_row_major(embeds);
-        let embeds = float_tensor(self.act, vec![1, s as i64, d as i64], data, PART)?;
-        let kv = match cache {
-            Some(c) => self.own_kv(c)?,
-            None => {
-                let (kvh, hd) = (self.dims.kv_heads as i64, self.dims.head_dim as i64);
-                (0..self.dims.tensors)
-                    .map(|_| float_tensor(self.act, vec![1, kvh, 0, hd], Vec::new(), PART))
-                    .collect::<Result<_, _>>()?
-            }
-        };
-        let inputs = self.decoder_inputs(embeds, vec![1; past + s], 1, vec![past], s, kv)?;
-        let (mut logits, kv) = self.run_decoder(inputs)?;
-        let last = logits.pop().expect("one row of logits");
-        Ok((last, OrtCache::own(kv, past + s)))
+        self.path.get_mut().forward(&mut self.common, embeds, cache)
     }
 
     fn kv_capacity(&self) -> KvCapacity {
-        match self.gqa.as_ref() {
-            Some(g) => KvCapacity::Slots {
-                free: g.free(),
-                positions: g.max_seq,
-            },
-            None => KvCapacity::Unbounded,
-        }
+        self.path.get().kv_capacity()
     }
 
     fn decode_batch_select(
@@ -336,59 +318,24 @@ impl Backend for OrtModel {
         need: &[RowNeed],
     ) -> Result<(Vec<StepLogits>, Vec<OrtCache>), BackendError> {
         let _gpu = capture::shared();
-        if self.gqa.is_some() {
-            return self.gqa_decode_batch(tokens, caches, need);
-        }
-        let (logits, caches) = self.decode_batch(tokens, caches)?;
-        Ok((logits.into_iter().map(StepLogits::Full).collect(), caches))
+        let path = self.path.get_mut();
+        path.decode_batch_select(&mut self.common, tokens, caches, need)
     }
 
     fn step_logits(&mut self, row: usize) -> Result<Vec<f32>, BackendError> {
         let _gpu = capture::shared();
-        let g = self.gqa.as_mut().ok_or_else(|| {
-            BackendError::Invalid("the merged decoder returns full logits only".into())
-        })?;
-        self.stats.step_logits_fallbacks += 1;
-        g.last_step_row(row)
+        self.path.get_mut().step_logits(&mut self.common, row)
     }
 
     fn decode_batch(
         &mut self,
         tokens: &[u32],
         caches: Vec<OrtCache>,
-    ) -> Result<(Vec<Vec<f32>>, Vec<OrtCache>), BackendError> {
+    ) -> Result<BatchLogits<OrtCache>, BackendError> {
         let _gpu = capture::shared();
-        if self.gqa.is_some() {
-            let (rows, caches) = self.gqa_decode_batch(tokens, caches, &[])?;
-            let logits = rows
-                .into_iter()
-                .map(|r| match r {
-                    StepLogits::Full(l) => l,
-                    _ => unreachable!("full logits were asked for"),
-                })
-                .collect();
-            return Ok((logits, caches));
-        }
-        if tokens.len() == 1 && caches.len() == 1 {
-            // A batch of one needs no padding: feed its cache back as is. The batch cache,
-            // if any, held only sequences that are gone now: free it.
-            let c = caches.into_iter().next().expect("one cache");
-            let (id, len) = (c.id, c.len);
-            let kv = Some(self.own_kv(c)?);
-            self.batch = None;
-            let e = self.embed(tokens)?;
-            let slot = None;
-            let (l, c) = self.forward(e, Some(OrtCache { id, kv, len, slot }))?;
-            return Ok((vec![l], vec![c]));
-        }
-        self.decode_batch_padded(tokens, caches)
-    }
-}
-
-impl OrtModel {
-    /// Embeddings of `ids` shaped `shape` (`[B, S]`) as a value of the graph's dtype.
-    fn embed_ids(&mut self, shape: Vec<i64>, ids: &[u32]) -> Result<DynTensor, BackendError> {
-        embed_with(&mut self.embed, shape, ids)
+        self.path
+            .get_mut()
+            .decode_batch(&mut self.common, tokens, caches)
     }
 }
 

@@ -87,8 +87,8 @@ impl PagePrefill<OrtCache> for PrefillHandle {
     ) -> Result<(Vec<f32>, OrtCache), BackendError> {
         const PART: &str = graph::DECODER_GQA;
         let _gpu = super::capture::shared();
-        let slot = match (&cache.slot, cache.len) {
-            (Some(s), 0) => s.index,
+        let slot = match (cache.slot(), cache.len) {
+            (Some(s), 0) => s,
             _ => {
                 return Err(BackendError::Invalid(
                     "a stage prefill needs a reserved, empty KV cache slot".into(),

@@ -6,6 +6,7 @@
 use super::*;
 use crate::generation::generate::argmax_and_top_k;
 use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+use repack::Repacker;
 use std::sync::OnceLock;
 
 pub(super) fn exported() -> &'static Path {
@@ -27,6 +28,14 @@ pub(super) fn exported() -> &'static Path {
 
 pub(super) fn model() -> OrtModel {
     OrtModel::load(exported(), &LoadOptions::new(Precision::Fp32)).unwrap()
+}
+
+/// The merged decoder path of `m` (the fixture's default load has no GQA decoder).
+fn merged(m: &OrtModel) -> &merged::MergedDecoder {
+    match &m.path {
+        DecoderPath::Merged(d) => d,
+        DecoderPath::Gqa(_) => panic!("the fixture loads the merged decoder"),
+    }
 }
 
 /// Two sequences prefilled, three batch steps, then the second alone for two steps: every
@@ -76,7 +85,7 @@ fn presents_bound_to_memory_the_session_lacks_come_back_on_the_host() {
     let mut m = model();
     // ONNX Runtime honours a binding to a device none of the session's providers has by
     // allocating on the host: logged once, same results.
-    m.placement.kv = MemoryInfo::new(
+    m.common.placement.kv = MemoryInfo::new(
         AllocationDevice::CUDA,
         0,
         AllocatorType::Device,
@@ -88,23 +97,26 @@ fn presents_bound_to_memory_the_session_lacks_come_back_on_the_host() {
     let s = m.kv_stats();
     assert_eq!((m.kv_path(), s.bound_runs), (KvPath::Bound, 7), "{s:?}");
     assert_eq!(s.kv_location.as_deref(), Some("Cpu:0"));
-    assert!(m.warned_placement);
+    assert!(merged(&m).warned_placement);
 }
 
 #[test]
 fn a_failing_repack_graph_falls_back_to_repacking_on_the_host() {
     let reference = run(&mut model());
     let mut m = model();
-    assert!(m.repacker.is_some());
+    assert!(merged(&m).repacker.is_some());
     // A repack graph for float16 cannot take this model's float32 cache.
     let env = crate::runtime::ortlib::environment(None).unwrap().1;
     let p = Placement::for_provider(Provider::Cpu, 0).unwrap();
-    m.repacker =
-        Some(Repacker::new(&env, Provider::Cpu, 0, DType::F16, &p.kv, &m.decoder).unwrap());
+    let DecoderPath::Merged(d) = &mut m.path else {
+        panic!("the fixture loads the merged decoder")
+    };
+    d.repacker =
+        Some(Repacker::new(&env, Provider::Cpu, 0, DType::F16, &p.kv, &d.decoder).unwrap());
     let got = run(&mut m);
     assert_eq!(got, reference);
     let s = m.kv_stats();
-    assert!(m.repacker.is_none());
+    assert!(merged(&m).repacker.is_none());
     assert_eq!(m.kv_path(), KvPath::Bound, "decoder runs stay bound: {s:?}");
     assert_eq!((s.repacks, s.device_repacks), (2, 0), "{s:?}");
 }
