@@ -2,6 +2,7 @@
 //! format by `GET /metrics`. No registry crate: a handful of counters, gauges and
 //! fixed-bucket histograms is all the server needs.
 
+use crate::generation::outcome::{FailReason, PageOutcome, PageStatus};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +80,65 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     /// Tokens per second of the last decoder step (f64 bits).
     pub step_tokens_per_s: AtomicU64,
+    /// How `/v1/ocr`'s pages ended.
+    pub pages: PageCounts,
+}
+
+/// `/v1/ocr`'s pages by outcome (issue 38): `ok`, `retried`, `failed` by reason, and the
+/// attempts that were tried again.
+#[derive(Default)]
+pub struct PageCounts {
+    ok: AtomicU64,
+    retried: AtomicU64,
+    /// Failed pages by reason, in [`FAIL_REASONS`]' order.
+    failed: [AtomicU64; 3],
+    retries: AtomicU64,
+}
+
+const FAIL_REASONS: [FailReason; 3] = [FailReason::Length, FailReason::Loop, FailReason::Error];
+
+impl PageCounts {
+    /// Counts a page that ended with `outcome`.
+    pub fn count(&self, outcome: &PageOutcome) {
+        let n = match (outcome.status, outcome.reason) {
+            (PageStatus::Ok, _) => &self.ok,
+            (PageStatus::Retried, _) => &self.retried,
+            (PageStatus::Failed, r) => {
+                let r = r.unwrap_or(FailReason::Error);
+                &self.failed[FAIL_REASONS.iter().position(|x| *x == r).unwrap_or(2)]
+            }
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an attempt that is tried again.
+    pub fn count_retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn write(&self, out: &mut String) {
+        let name = "ocrctl_ocr_pages_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} /v1/ocr pages by outcome: ok, retried (ok after a retry), failed by reason.\n# TYPE {name} counter"
+        );
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}{{status=\"ok\"}} {}", load(&self.ok));
+        let _ = writeln!(out, "{name}{{status=\"retried\"}} {}", load(&self.retried));
+        for (r, n) in FAIL_REASONS.iter().zip(&self.failed) {
+            let _ = writeln!(
+                out,
+                "{name}{{status=\"failed\",reason=\"{r}\"}} {}",
+                load(n)
+            );
+        }
+        let name = "ocrctl_ocr_page_retries_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} /v1/ocr attempts that ended at max_tokens or in a loop and were tried again.\n# TYPE {name} counter\n{name} {}",
+            load(&self.retries)
+        );
+    }
 }
 
 impl Default for Metrics {
@@ -91,6 +151,7 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             step_tokens_per_s: AtomicU64::new(0),
+            pages: PageCounts::default(),
         }
     }
 }
@@ -213,6 +274,7 @@ impl Metrics {
             "ocrctl_request_duration_seconds",
             "From request accepted to its last token.",
         );
+        self.pages.write(&mut out);
         gauge(
             &mut out,
             "ocrctl_image_decode_bytes",
@@ -357,6 +419,10 @@ mod tests {
         m.count_request("/v1/chat/completions", 429);
         m.time_to_first_token.observe(0.07);
         m.time_to_first_token.observe(3.0);
+        m.pages.count(&PageOutcome::finished(1));
+        m.pages.count(&PageOutcome::finished(3));
+        m.pages.count(&PageOutcome::failed(FailReason::Loop, 3));
+        m.pages.count_retry();
         let text = m.render(&Gauges {
             queue_depth: 2,
             batch_size: 4,
@@ -413,6 +479,14 @@ mod tests {
         assert!(text.contains("ocrctl_time_to_first_token_seconds_bucket{le=\"5\"} 2"));
         assert!(text.contains("ocrctl_time_to_first_token_seconds_count 2"));
         assert!(!text.contains("gpu_memory"));
+        assert!(text.contains(
+            "# TYPE ocrctl_ocr_pages_total counter\nocrctl_ocr_pages_total{status=\"ok\"} 1\n\
+             ocrctl_ocr_pages_total{status=\"retried\"} 1\n\
+             ocrctl_ocr_pages_total{status=\"failed\",reason=\"length\"} 0\n\
+             ocrctl_ocr_pages_total{status=\"failed\",reason=\"loop\"} 1\n\
+             ocrctl_ocr_pages_total{status=\"failed\",reason=\"error\"} 0\n"
+        ));
+        assert!(text.contains("ocrctl_ocr_page_retries_total 1\n"));
         assert_eq!(m.requests("/v1/chat/completions", 200), 2);
     }
 }

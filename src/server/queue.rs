@@ -232,6 +232,14 @@ impl Shared {
         Ok(())
     }
 
+    /// Queues the retry of a page already taken (`/v1/ocr`, issue 38), at the back and past
+    /// `queue_size`: it replaces its finished attempt, so a request never holds more jobs
+    /// than the pages it was admitted with, and other requests keep their turn.
+    pub fn requeue(&self, job: Job) {
+        self.lock().push_back(job);
+        self.wake.notify_all();
+    }
+
     /// Queues several jobs (the pages of one document) all or none. A document with more
     /// pages than `queue_size` is taken only when the queue is empty.
     pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), ApiError> {

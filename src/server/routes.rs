@@ -471,4 +471,5 @@ pub async fn chat(
 }
 
 mod ocr_form;
+mod ocr_pages;
 pub use ocr_form::*;

@@ -44,7 +44,9 @@ fn png_with_icc(icc_bytes: usize) -> Vec<u8> {
 }
 
 fn ocr_upload(s: &Server, name: &str, bytes: &[u8]) -> common::server::Resp {
-    let (ct, mp) = multipart(&[("max_tokens", "2")], Some((name, bytes)));
+    // A two-token preview: a page cut there is ok here (issue 38's accept_length).
+    let fields = [("max_tokens", "2"), ("accept_length", "true")];
+    let (ct, mp) = multipart(&fields, Some((name, bytes)));
     request(&s.addr, "POST", "/v1/ocr", &[("Content-Type", &ct)], &mp).unwrap()
 }
 

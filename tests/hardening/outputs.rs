@@ -9,6 +9,7 @@ fn ocr_out(out: &Path, inputs: &[&Path]) -> std::process::Output {
     let model = common::exported();
     let mut args = vec![
         "ocr",
+        "--accept-length",
         "--temperature",
         "0",
         "--model",

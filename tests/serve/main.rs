@@ -15,6 +15,7 @@ mod clients;
 mod common;
 mod input;
 mod lifecycle;
+mod outcomes;
 
 use common::server::{
     chat_body, chat_text, concurrent_chats, fixture_images, multipart, post_json_to, request,

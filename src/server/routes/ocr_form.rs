@@ -1,6 +1,8 @@
 //! `POST /v1/ocr`: a multipart upload (an image or a PDF and optional sampling fields) to
-//! markdown, JSON pages or a text stream.
+//! markdown, JSON pages or a text stream; pages that did not finish are retried and marked
+//! ([`super::ocr_pages`]).
 
+use super::ocr_pages::{self, OutcomeFields, PageJob};
 use super::*;
 
 /// Query of `/v1/ocr`.
@@ -32,8 +34,8 @@ fn form_logit_bias(text: &str) -> Result<Vec<(u32, f32)>, ApiError> {
 
 /// `POST /v1/ocr`: multipart with a `file` (image or PDF) and optional `max_tokens`,
 /// `temperature`, `top_p`, `top_k`, `repetition_penalty`, `presence_penalty`,
-/// `frequency_penalty`, `logit_bias` (a JSON object, as in a chat request), `seed`, `prompt`
-/// fields.
+/// `frequency_penalty`, `logit_bias` (a JSON object, as in a chat request), `seed`, `prompt`,
+/// `pages`, `retries` and `accept_length` fields.
 pub async fn ocr(
     State(st): St,
     Query(q): Query<OcrQuery>,
@@ -71,6 +73,7 @@ pub async fn ocr(
     };
     let mut prompt: Option<String> = None;
     let mut ranges: Option<crate::documents::ranges::PageRanges> = None;
+    let mut outcome_fields = OutcomeFields::default();
     loop {
         let field = match mp.next_field().await {
             Ok(Some(f)) => f,
@@ -108,6 +111,7 @@ pub async fn ocr(
                     .map_err(|e| ApiError::bad("pages", format!("pages: {e}")))?;
                 ranges = Some(r);
             }
+            other if outcome_fields.read(other, &text())? => {}
             other => {
                 return Err(ApiError::bad(
                     other,
@@ -116,6 +120,7 @@ pub async fn ocr(
             }
         }
     }
+    let policy = outcome_fields.policy(q.stream)?;
     let (name, bytes) =
         file.ok_or_else(|| ApiError::bad("file", "missing the `file` field (an image or PDF)"))?;
     if bytes.is_empty() {
@@ -165,88 +170,34 @@ pub async fn ocr(
     .await
     .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))??;
     let mut jobs = Vec::with_capacity(pages.len());
-    let mut rxs = Vec::with_capacity(pages.len());
-    let mut prompt_tokens = 0;
+    let mut queued = Vec::with_capacity(pages.len());
     let upload = new_id("ocr");
-    let numbers: Vec<usize> = pages.iter().map(|p| p.0).collect();
-    for (_, ids, px) in pages {
+    for (i, (number, ids, px)) in pages.into_iter().enumerate() {
         check_length(&st, ids.len(), max_tokens)?;
-        prompt_tokens += ids.len();
         let mut params = params.clone();
         // Pages of one upload get distinct but reproducible seeds.
         if let Some(s) = params.seed.as_mut() {
-            *s = s.wrapping_add(rxs.len() as u64);
+            *s = s.wrapping_add(i as u64);
         }
-        let (j, rx) = job(
-            &st,
-            format!("{upload}-p{}", rxs.len() + 1),
-            gen_request(&st, ids, vec![px], params, max_tokens),
-            vec![],
-            accepted,
-        );
+        let id = format!("{upload}-p{}", i + 1);
+        let req = gen_request(&st, ids, vec![px], params, max_tokens);
+        let again = (policy.retries > 0).then(|| req.clone());
+        let prompt_tokens = req.prompt_ids.len();
+        let (j, rx) = job(&st, id.clone(), req, vec![], accepted);
         jobs.push(j);
-        rxs.push(rx);
+        queued.push(PageJob {
+            number,
+            again,
+            prompt_tokens,
+            id,
+            rx,
+        });
     }
     st.shared.submit_all(jobs)?;
     if q.stream {
-        let cut = st.cut.subscribe();
-        let s = stream::iter(rxs.into_iter().enumerate())
-            .then(move |(i, rx)| {
-                let cut = cut.clone();
-                let number = numbers[i];
-                async move {
-                    let sep =
-                        (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(number))));
-                    let page = stream::unfold(Some((rx, cut)), |state| async move {
-                        let (mut rx, mut cut) = state?;
-                        match next_event(&mut rx, &mut cut).await {
-                            Some(JobEvent::Delta { text, .. }) => {
-                                Some((Ok(Bytes::from(text)), Some((rx, cut))))
-                            }
-                            Some(JobEvent::Failed(e)) => {
-                                Some((Ok(Bytes::from(format!("\n\n[error: {e}]\n"))), None))
-                            }
-                            Some(JobEvent::Done { .. }) | None => None,
-                        }
-                    });
-                    stream::iter(sep).chain(page)
-                }
-            })
-            .flatten();
-        return Ok((
-            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
-            Body::from_stream(s),
-        )
-            .into_response());
+        return Ok(ocr_pages::stream(st.clone(), queued, policy));
     }
-    let mut texts = Vec::with_capacity(rxs.len());
-    let mut pages_json = Vec::with_capacity(rxs.len());
-    let mut completion = 0;
-    for (i, rx) in rxs.into_iter().enumerate() {
-        let c = collect(rx, st.cut.subscribe()).await?;
-        completion += c.completion_tokens;
-        pages_json.push(json!({"page": numbers[i], "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
-        texts.push(c.text);
-    }
-    let mut text = String::new();
-    for (i, t) in texts.iter().enumerate() {
-        if i > 0 {
-            text.push_str(&page_separator(numbers[i]));
-        }
-        text.push_str(t);
-    }
-    if json_out {
-        return Ok(Json(json!({
-            "model": st.cfg.model_name,
-            "text": text,
-            "pages": pages_json,
-            "usage": openai::usage(prompt_tokens, completion),
-        }))
-        .into_response());
-    }
-    Ok((
-        [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
-        format!("{text}\n"),
-    )
-        .into_response())
+    let results = ocr_pages::run_pages(&st, queued, policy, accepted).await?;
+    drop(client);
+    Ok(ocr_pages::respond(&st, &results, json_out))
 }

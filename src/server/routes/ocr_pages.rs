@@ -1,0 +1,372 @@
+//! `/v1/ocr`'s pages under issue 38's page outcomes: a page that ends at `max_tokens` or
+//! trips the loop guard is queued again under [`RetryPolicy`] (the CLI's ladder, from
+//! [`crate::generation::outcome`]) and fails after its last retry; what the response says of
+//! pages that failed.
+//!
+//! A retry is a new job at the back of the shared queue ([`super::super::queue::Shared::requeue`]):
+//! the engines keep serving other requests between attempts, a page's retry is sent as soon
+//! as its attempt ends (pages run concurrently, [`run_pages`]), and it keeps the request's
+//! deadline (the `accepted` instant of the first attempt) and its cancellation (dropping the
+//! handler drops the receivers, which cancels the job and sends no further retry).
+
+use super::*;
+use crate::generation::generate::FinishReason;
+use crate::generation::outcome::{failed_marker, FailReason, Next, PageOutcome, RetryPolicy};
+
+/// Retries a request may ask for: olmOCR tries a page up to 8 times; this bounds one
+/// upload's work to 9 attempts a page.
+pub const MAX_RETRIES: usize = 8;
+
+/// One page of an upload, queued.
+pub(super) struct PageJob {
+    /// The page's number in its document.
+    pub number: usize,
+    /// The first attempt's request, kept for retries (`None` when none may follow). Its
+    /// pixels are the 8-bit page (3 bytes a pixel), as a queued job holds them.
+    pub again: Option<GenRequest>,
+    pub prompt_tokens: usize,
+    pub id: String,
+    pub rx: EventRx,
+}
+
+/// How a page ended: its last attempt's output and its outcome.
+pub(super) struct PageResult {
+    pub number: usize,
+    pub text: String,
+    pub finish_reason: &'static str,
+    /// Tokens of the last attempt.
+    pub completion_tokens: usize,
+    /// Prompt and completion tokens of every attempt (the request's usage).
+    pub prompt_tokens_all: usize,
+    pub completion_tokens_all: usize,
+    pub outcome: PageOutcome,
+}
+
+/// The engine's finish of a job from the reasons a [`JobEvent::Done`] carries (the loop
+/// guard's is `length` with `stop_reason: repetition`, as the chat endpoint reports it).
+pub(super) fn finish_of(finish_reason: &str, stop_reason: Option<&str>) -> FinishReason {
+    match (finish_reason, stop_reason) {
+        ("length", Some("repetition")) => FinishReason::Repetition,
+        ("length", _) => FinishReason::Length,
+        _ => FinishReason::Stop,
+    }
+}
+
+/// Runs `page` to its outcome: collects each attempt and queues the next while the policy
+/// says so. An error (timeout, shutdown, engine failure) ends the page with it, counted as
+/// `failed: error`.
+async fn run_page(
+    st: &AppState,
+    page: PageJob,
+    policy: RetryPolicy,
+    accepted: Instant,
+) -> Result<PageResult, ApiError> {
+    let PageJob {
+        number,
+        again,
+        prompt_tokens,
+        id,
+        mut rx,
+    } = page;
+    let (mut prompt_all, mut completion_all) = (0, 0);
+    for attempt in 0.. {
+        let c = match collect(rx, st.cut.subscribe()).await {
+            Ok(c) => c,
+            Err(e) => {
+                let failed = PageOutcome::failed(FailReason::Error, attempt + 1);
+                st.shared.metrics.pages.count(&failed);
+                return Err(e);
+            }
+        };
+        prompt_all += prompt_tokens;
+        completion_all += c.completion_tokens;
+        let finish = finish_of(c.finish_reason, c.stop_reason.as_deref());
+        let outcome = match (policy.after(attempt, policy.fault(finish, false)), &again) {
+            (Next::Retry(reason), Some(req)) => {
+                st.shared.metrics.pages.count_retry();
+                tracing::debug!(page = number, attempt, %reason, "retrying a page");
+                let req = GenRequest {
+                    params: policy.params(&req.params, attempt + 1),
+                    ..req.clone()
+                };
+                let (j, next) = job(st, format!("{id}-a{}", attempt + 2), req, vec![], accepted);
+                st.shared.requeue(j);
+                rx = next;
+                continue;
+            }
+            (Next::Retry(reason), None) => PageOutcome::failed(reason, attempt + 1),
+            (Next::Done(outcome), _) => outcome,
+        };
+        st.shared.metrics.pages.count(&outcome);
+        return Ok(PageResult {
+            number,
+            text: c.text,
+            finish_reason: c.finish_reason,
+            completion_tokens: c.completion_tokens,
+            prompt_tokens_all: prompt_all,
+            completion_tokens_all: completion_all,
+            outcome,
+        });
+    }
+    unreachable!("the attempts loop returns")
+}
+
+/// Runs every page of an upload at once (a page's retry does not wait for the pages before
+/// it); the first error fails the request, dropping (so cancelling) the other pages.
+pub(super) async fn run_pages(
+    st: &AppState,
+    pages: Vec<PageJob>,
+    policy: RetryPolicy,
+    accepted: Instant,
+) -> Result<Vec<PageResult>, ApiError> {
+    let runs = pages.into_iter().map(|p| run_page(st, p, policy, accepted));
+    futures_util::future::try_join_all(runs).await
+}
+
+/// The status of a response whose `failed` of `pages` pages failed: 200 when none did, 207
+/// (Multi-Status: some pages are there, some are not) when some did, 422 when all did (the
+/// upload was read, but no page of it finished within `max_tokens` and the retries).
+pub(super) fn status_of(failed: usize, pages: usize) -> StatusCode {
+    match failed {
+        0 => StatusCode::OK,
+        f if f < pages => StatusCode::MULTI_STATUS,
+        _ => StatusCode::UNPROCESSABLE_ENTITY,
+    }
+}
+
+/// The `X-OCR-Failed-Pages` header's value: the failed pages' numbers, comma-separated.
+pub(super) const FAILED_PAGES_HEADER: &str = "x-ocr-failed-pages";
+
+/// The markdown of one page: its text, or the failed marker in its place.
+pub(super) fn page_markdown(r: &PageResult) -> String {
+    match r.outcome.reason {
+        Some(reason) => failed_marker(r.number, reason),
+        None => r.text.clone(),
+    }
+}
+
+/// The `pages[]` entry of `format=json`.
+pub(super) fn page_json(r: &PageResult) -> Value {
+    let mut v = json!({
+        "page": r.number,
+        "text": r.text,
+        "status": r.outcome.status,
+        "finish_reason": r.finish_reason,
+        "attempts": r.outcome.attempts,
+        "completion_tokens": r.completion_tokens,
+    });
+    if let Some(reason) = r.outcome.reason {
+        v["reason"] = json!(reason);
+    }
+    v
+}
+
+/// The error object of a response none of whose pages finished.
+pub(super) fn all_failed_error(pages: usize) -> Value {
+    json!({
+        "message": format!(
+            "no page of the upload finished ({pages} failed): each ended at max_tokens or in a \
+             loop after its retries; raise max_tokens or retries, or send accept_length=true"
+        ),
+        "type": "invalid_request_error",
+        "param": Value::Null,
+        "code": "pages_failed",
+    })
+}
+
+/// The response of an upload whose pages all ended: markdown (failed pages as their
+/// marker) or `format=json`, with the status of [`status_of`] and the failed pages' numbers
+/// in [`FAILED_PAGES_HEADER`].
+pub(super) fn respond(st: &AppState, results: &[PageResult], json_out: bool) -> Response {
+    let mut text = String::new();
+    for (i, r) in results.iter().enumerate() {
+        if i > 0 {
+            text.push_str(&page_separator(r.number));
+        }
+        text.push_str(&page_markdown(r));
+    }
+    let failed: Vec<usize> = results
+        .iter()
+        .filter(|r| r.outcome.is_failed())
+        .map(|r| r.number)
+        .collect();
+    let status = status_of(failed.len(), results.len());
+    let mut resp = if json_out {
+        let prompt = results.iter().map(|r| r.prompt_tokens_all).sum();
+        let completion = results.iter().map(|r| r.completion_tokens_all).sum();
+        let mut body = json!({
+            "model": st.cfg.model_name,
+            "text": text,
+            "pages": results.iter().map(page_json).collect::<Vec<_>>(),
+            "failed_pages": failed,
+            "usage": openai::usage(prompt, completion),
+        });
+        if status == StatusCode::UNPROCESSABLE_ENTITY {
+            body["error"] = all_failed_error(failed.len());
+        }
+        Json(body).into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+            format!("{text}\n"),
+        )
+            .into_response()
+    };
+    *resp.status_mut() = status;
+    if !failed.is_empty() {
+        let list: Vec<String> = failed.iter().map(usize::to_string).collect();
+        if let Ok(v) = header::HeaderValue::from_str(&list.join(",")) {
+            resp.headers_mut().insert(FAILED_PAGES_HEADER, v);
+        }
+    }
+    resp
+}
+
+/// `stream=true`: each page's text as it is generated, one attempt a page (text sent cannot
+/// be taken back); a page that did not finish is followed by its failed marker.
+pub(super) fn stream(st: Arc<AppState>, pages: Vec<PageJob>, policy: RetryPolicy) -> Response {
+    let cut = st.cut.subscribe();
+    let s = stream::iter(pages.into_iter().enumerate())
+        .then(move |(i, page)| {
+            let (cut, st) = (cut.clone(), st.clone());
+            let number = page.number;
+            async move {
+                let sep = (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(number))));
+                let body = stream::unfold(Some((page.rx, cut)), move |state| {
+                    let st = st.clone();
+                    async move {
+                        let (mut rx, mut cut) = state?;
+                        let bytes = match next_event(&mut rx, &mut cut).await? {
+                            JobEvent::Delta { text, .. } => {
+                                return Some((Ok(Bytes::from(text)), Some((rx, cut))))
+                            }
+                            JobEvent::Failed(e) => {
+                                let failed = PageOutcome::failed(FailReason::Error, 1);
+                                st.shared.metrics.pages.count(&failed);
+                                format!("\n\n[error: {e}]\n")
+                            }
+                            JobEvent::Done {
+                                finish_reason,
+                                stop_reason,
+                                ..
+                            } => {
+                                let finish = finish_of(finish_reason, stop_reason.as_deref());
+                                let outcome = match policy.after(0, policy.fault(finish, false)) {
+                                    Next::Done(o) => o,
+                                    Next::Retry(r) => PageOutcome::failed(r, 1),
+                                };
+                                st.shared.metrics.pages.count(&outcome);
+                                let reason = outcome.reason?;
+                                format!("\n\n{}", failed_marker(number, reason))
+                            }
+                        };
+                        Some((Ok(Bytes::from(bytes)), None))
+                    }
+                });
+                stream::iter(sep).chain(body)
+            }
+        })
+        .flatten();
+    (
+        [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+        Body::from_stream(s),
+    )
+        .into_response()
+}
+
+/// The page-outcome form fields of `/v1/ocr`: `retries` and `accept_length`.
+#[derive(Debug, Default)]
+pub(super) struct OutcomeFields {
+    pub retries: Option<usize>,
+    pub accept_length: bool,
+}
+
+impl OutcomeFields {
+    /// Reads field `name` when it is one of them (`Ok(false)` when it is not).
+    pub fn read(&mut self, name: &str, text: &str) -> Result<bool, ApiError> {
+        match name {
+            "retries" => {
+                let n: usize = field_num(name, text)?;
+                if n > MAX_RETRIES {
+                    return Err(ApiError::bad(
+                        name,
+                        format!("retries must be at most {MAX_RETRIES}, got {n}"),
+                    ));
+                }
+                self.retries = Some(n);
+            }
+            "accept_length" => {
+                self.accept_length = match text.trim() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    other => {
+                        return Err(ApiError::bad(
+                            name,
+                            format!("accept_length must be true or false, got {other:?}"),
+                        ))
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The request's policy; a stream makes one attempt (streamed text cannot be taken back),
+    /// so `retries` with `stream=true` is refused rather than ignored.
+    pub fn policy(&self, stream: bool) -> Result<RetryPolicy, ApiError> {
+        let retries = match (self.retries, stream) {
+            (Some(n), true) if n > 0 => {
+                return Err(ApiError::bad(
+                    "retries",
+                    "retries needs a whole response: a streamed page cannot be taken back \
+                     (leave out stream=true, or send retries=0)",
+                ))
+            }
+            (_, true) => 0,
+            (n, false) => n.unwrap_or(RetryPolicy::DEFAULT_RETRIES),
+        };
+        Ok(RetryPolicy {
+            retries,
+            accept_length: self.accept_length,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_reasons_map_back_to_the_engines() {
+        assert_eq!(finish_of("stop", None), FinishReason::Stop);
+        assert_eq!(finish_of("stop", Some("</s>")), FinishReason::Stop);
+        assert_eq!(finish_of("length", None), FinishReason::Length);
+        assert_eq!(
+            finish_of("length", Some("repetition")),
+            FinishReason::Repetition
+        );
+    }
+
+    #[test]
+    fn status_says_whether_some_or_all_pages_failed() {
+        assert_eq!(status_of(0, 3), StatusCode::OK);
+        assert_eq!(status_of(1, 3), StatusCode::MULTI_STATUS);
+        assert_eq!(status_of(3, 3), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+
+    #[test]
+    fn fields_are_checked_and_a_stream_makes_one_attempt() {
+        let mut f = OutcomeFields::default();
+        assert!(!f.read("max_tokens", "3").unwrap());
+        assert_eq!(f.policy(false).unwrap().retries, 2);
+        assert_eq!(f.policy(true).unwrap().retries, 0);
+        assert!(f.read("retries", "3").unwrap());
+        assert_eq!(f.policy(false).unwrap().retries, 3);
+        assert!(f.policy(true).is_err());
+        assert!(f.read("retries", "9").is_err());
+        assert!(f.read("accept_length", "yes").is_err());
+        assert!(f.read("accept_length", "true").unwrap());
+        assert!(f.policy(false).unwrap().accept_length);
+    }
+}
