@@ -18,8 +18,9 @@ use std::time::Instant;
 /// Arguments of `ocrctl export`.
 #[derive(Args, Debug)]
 pub struct ExportArgs {
-    /// Checkpoint directory (config.json, model.safetensors or shards, tokenizer files), or
-    /// `dummy:lightonocr-2-1b` / `dummy:tiny` for random weights with those shapes.
+    /// Checkpoint directory (config.json, model.safetensors or shards, tokenizer files), a
+    /// hub id in the Hugging Face cache (`lightonai/LightOnOCR-2-1B[@REV]`, fetched by `hf
+    /// download`), or `dummy:lightonocr-2-1b` / `dummy:tiny` for random weights.
     #[arg(long)]
     checkpoint: String,
     /// Output directory (must not exist unless --force).
