@@ -22,14 +22,24 @@ fn hub_cache() -> tempfile::TempDir {
         let e = e.unwrap();
         let blob = repo.join("blobs").join(format!("blob{i}"));
         std::fs::copy(e.path(), &blob).unwrap();
-        std::os::unix::fs::symlink(Path::new("../../blobs").join(format!("blob{i}")), snap.join(e.file_name())).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new("../../blobs").join(format!("blob{i}")),
+            snap.join(e.file_name()),
+        )
+        .unwrap();
     }
     root
 }
 
 fn export(checkpoint: &str, out: &Path, cache: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ocrctl"))
-        .args(["export", "--checkpoint", checkpoint, "--out", out.to_str().unwrap()])
+        .args([
+            "export",
+            "--checkpoint",
+            checkpoint,
+            "--out",
+            out.to_str().unwrap(),
+        ])
         .env("HF_HUB_CACHE", cache)
         .output()
         .unwrap()
@@ -39,9 +49,17 @@ fn export(checkpoint: &str, out: &Path, cache: &Path) -> std::process::Output {
 fn a_hub_id_in_the_cache_exports_like_its_folder() {
     let cache = hub_cache();
     let d = tempfile::tempdir().unwrap();
-    let o = export("lightonai/LightOnOCR-2-1B", &d.path().join("hub"), cache.path());
+    let o = export(
+        "lightonai/LightOnOCR-2-1B",
+        &d.path().join("hub"),
+        cache.path(),
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = export(checkpoint().to_str().unwrap(), &d.path().join("dir"), cache.path());
+    let o = export(
+        checkpoint().to_str().unwrap(),
+        &d.path().join("dir"),
+        cache.path(),
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m = |n: &str| Manifest::load(&d.path().join(n)).unwrap();
     let (hub, dir) = (m("hub"), m("dir"));
@@ -60,11 +78,18 @@ fn a_hub_id_in_the_cache_exports_like_its_folder() {
 fn a_hub_id_missing_from_the_cache_names_the_download() {
     let cache = hub_cache();
     let d = tempfile::tempdir().unwrap();
-    let o = export("lightonai/LightOnOCR-2-1B-bbox", &d.path().join("m"), cache.path());
+    let o = export(
+        "lightonai/LightOnOCR-2-1B-bbox",
+        &d.path().join("m"),
+        cache.path(),
+    );
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("not in the Hugging Face cache"), "{err}");
-    assert!(err.contains("hf download lightonai/LightOnOCR-2-1B-bbox"), "{err}");
+    assert!(
+        err.contains("hf download lightonai/LightOnOCR-2-1B-bbox"),
+        "{err}"
+    );
     assert!(!d.path().join("m").exists());
     // Neither a folder nor a hub id: the old message, saying what --checkpoint takes.
     let o = export("no/such/dir", &d.path().join("m"), cache.path());

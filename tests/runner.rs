@@ -378,8 +378,14 @@ fn without_a_profile_the_gpus_memory_chooses_one() {
     );
     let o = run(&["--providers", "cpu"], &path);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && !err.contains("no --profile given"), "{err}");
+    assert!(
+        o.status.success() && !err.contains("no --profile given"),
+        "{err}"
+    );
     let o = run(&[], "/usr/bin:/bin");
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && !err.contains("no --profile given"), "{err}");
+    assert!(
+        o.status.success() && !err.contains("no --profile given"),
+        "{err}"
+    );
 }

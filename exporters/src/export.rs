@@ -191,7 +191,7 @@ impl DecoderVariant {
 /// Default `MatMulNBits` accuracy level (ONNX Runtime's own default for fused QDQ nodes).
 pub const DEFAULT_ACCURACY_LEVEL: u8 = 4;
 
-/// Default INT4 block size (see the README's int4 section for the measurements behind it).
+/// Default INT4 block size (docs/manual/export.md#int4 has the measurements behind it).
 pub const DEFAULT_BLOCK_SIZE: usize = 32;
 
 impl ExportOptions {

@@ -34,7 +34,8 @@ impl HubId {
             !p.is_empty()
                 && p.len() <= 96
                 && !p.starts_with(['.', '-'])
-                && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         };
         (part(owner) && part(name)).then(|| HubId {
             owner: owner.into(),
@@ -64,7 +65,11 @@ fn is_ref(rev: &str) -> bool {
 
 /// The hub cache root from the environment, as huggingface_hub picks it.
 pub fn cache_root() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     var("HF_HUB_CACHE")
         .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
         .or_else(|| var("HOME").map(|h| h.join(".cache/huggingface/hub")))
@@ -141,16 +146,32 @@ mod tests {
     #[test]
     fn hub_ids_parse_and_paths_do_not() {
         let h = id("lightonai/LightOnOCR-2-1B");
-        assert_eq!((h.owner.as_str(), h.name.as_str()), ("lightonai", "LightOnOCR-2-1B"));
+        assert_eq!(
+            (h.owner.as_str(), h.name.as_str()),
+            ("lightonai", "LightOnOCR-2-1B")
+        );
         assert_eq!(h.revision, None);
         assert_eq!(id("a/b@v1.0").revision.as_deref(), Some("v1.0"));
         assert_eq!(id("a/b@refs/pr/12").revision.as_deref(), Some("refs/pr/12"));
-        for not in ["/abs/path", "./rel/dir", "a/b/c", "noslash", "a/", "/b", "../x", "a/.b",
-            "a/b@", "a/b@x/y", "a b/c"]
-        {
+        for not in [
+            "/abs/path",
+            "./rel/dir",
+            "a/b/c",
+            "noslash",
+            "a/",
+            "/b",
+            "../x",
+            "a/.b",
+            "a/b@",
+            "a/b@x/y",
+            "a b/c",
+        ] {
             assert_eq!(HubId::parse(not), None, "{not}");
         }
-        assert_eq!(id("o/n@v2").download_command(), "hf download o/n --revision v2");
+        assert_eq!(
+            id("o/n@v2").download_command(),
+            "hf download o/n --revision v2"
+        );
     }
 
     /// A cache laid out as huggingface_hub writes it.
@@ -171,8 +192,14 @@ mod tests {
     fn a_cached_snapshot_is_found_by_ref_or_commit() {
         let c = "0123456789abcdef0123456789abcdef01234567";
         let root = cache(c, true);
-        let snap = root.path().join("models--lightonai--LightOnOCR-2-1B/snapshots").join(c);
-        assert_eq!(resolve_in(&id("lightonai/LightOnOCR-2-1B"), root.path()).unwrap(), snap);
+        let snap = root
+            .path()
+            .join("models--lightonai--LightOnOCR-2-1B/snapshots")
+            .join(c);
+        assert_eq!(
+            resolve_in(&id("lightonai/LightOnOCR-2-1B"), root.path()).unwrap(),
+            snap
+        );
         let by_commit = id(&format!("lightonai/LightOnOCR-2-1B@{c}"));
         assert_eq!(resolve_in(&by_commit, root.path()).unwrap(), snap);
     }
@@ -183,7 +210,10 @@ mod tests {
         let err = |s: &str| resolve_in(&id(s), root.path()).unwrap_err().to_string();
         let e = err("lightonai/LightOnOCR-2-1B-bbox");
         assert!(e.contains("not in the Hugging Face cache"), "{e}");
-        assert!(e.contains("`hf download lightonai/LightOnOCR-2-1B-bbox`"), "{e}");
+        assert!(
+            e.contains("`hf download lightonai/LightOnOCR-2-1B-bbox`"),
+            "{e}"
+        );
         let e = err("lightonai/LightOnOCR-2-1B@v9");
         assert!(e.contains("revision `v9` is not in the cache"), "{e}");
         let e = err("lightonai/LightOnOCR-2-1B");

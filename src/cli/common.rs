@@ -36,7 +36,7 @@ pub struct RuntimeArgs {
     /// ONNX Runtime intra-op threads (0 = all cores; default: the profile's).
     #[arg(long, env = "OCRCTL_THREADS")]
     pub threads: Option<usize>,
-    /// Path of libonnxruntime.so (default: found automatically, see the README).
+    /// Path of libonnxruntime.so (default: found automatically: docs/manual/setup.md).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     pub ort_lib: Option<PathBuf>,
     /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs on the CPU: 0 computes in
@@ -62,7 +62,7 @@ pub struct RuntimeArgs {
     /// With the vision stage and the GQA decoder, also prefill pages on the stage's thread
     /// with a second decoder session, so prompts do not stall decode steps (`on`/`off`; costs
     /// a second copy of the decoder's weights in GPU memory; measured no throughput gain on an
-    /// H200, see the README).
+    /// H200: docs/manual/gpu.md).
     #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "off", action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new())]
     pub prefill_stage: bool,

@@ -45,7 +45,7 @@ pub struct ExportArgs {
     /// or `matmulnbits` (com.microsoft.MatMulNBits, ONNX Runtime only).
     #[arg(long, value_parser = parse_format)]
     int4_format: Option<Int4Format>,
-    /// Keep the lm_head in 16-bit for int4 precisions (larger files, see README).
+    /// Keep the lm_head in 16-bit for int4 precisions (larger files; docs/manual/export.md#int4).
     #[arg(long)]
     lm_head_16bit: bool,
     /// `accuracy_level` written into MatMulNBits nodes (0: float compute; 4: int8

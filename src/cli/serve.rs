@@ -210,7 +210,10 @@ fn spawn_engine(
 pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.rt.profile.is_none() {
         // `--profile` / `OCRCTL_PROFILE` were not given: the GPU's, else cpu.
-        let auto = a.rt.providers.is_none().then(crate::cli::common::auto_profile);
+        let auto =
+            a.rt.providers
+                .is_none()
+                .then(crate::cli::common::auto_profile);
         a.rt.profile = Some(auto.flatten().unwrap_or("cpu").into());
     }
     let (mut opts, profile) = a.rt.load_options(&a.model)?;
