@@ -270,6 +270,11 @@ fn list_show_and_the_profiles_dir_override() {
     let v: serde_json::Value = yaml_serde::from_str(text.split_once('\n').unwrap().1).unwrap();
     assert_eq!(v["derived"]["kv_cache_at_max_gb"], 5.25);
     assert_eq!(v["max_batch_size"], 6);
+    // … and a profile that `check` loads (issue 41 item 3: `show cpu > my.yaml` did not).
+    let shown = dir.path().join("shown-16gb.yaml");
+    std::fs::write(&shown, &text).unwrap();
+    let p = profile::Profile::load(shown.to_str().unwrap()).unwrap();
+    assert_eq!(p.max_batch_size, 6);
 
     // $OCRCTL_PROFILES_DIR overrides a built-in name and adds new names.
     let pdir = dir.path().join("p");

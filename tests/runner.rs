@@ -325,3 +325,67 @@ fn bench_reports_its_phases_its_sweep_and_where_the_pixels_upload_from() {
     );
     assert!(sweep["pages_per_s"].as_f64().unwrap() > 0.0, "{sweep}");
 }
+
+/// Without --profile and --providers, `ocr` takes the largest built-in profile the GPU's
+/// memory holds (a stand-in `nvidia-smi` reports a 16 GB card) and says so; with
+/// `--providers cpu`, or without a GPU, none.
+#[test]
+fn without_a_profile_the_gpus_memory_chooses_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::tempdir().unwrap();
+    let smi = bin.path().join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\ncase \"$1\" in\n\
+         --query-gpu=memory.total,memory.used) printf '16376, 420\\n' ;;\n\
+         esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let img = fixture().join("images/aligned.png");
+    let run = |extra: &[&str], path: &str| {
+        let mut args = vec![
+            "ocr",
+            "--model",
+            exported().to_str().unwrap(),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "16",
+            "--accept-length",
+        ];
+        args.extend_from_slice(extra);
+        args.push(img.to_str().unwrap());
+        std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+            .args(&args)
+            .env("PATH", path)
+            .env_remove("OCRCTL_PROFILE")
+            .env_remove("OCRCTL_PROVIDERS")
+            .output()
+            .unwrap()
+    };
+    let o = run(&[], &path);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("no --profile given; GPU 0 has 16.0 GiB: using the 16gb profile"),
+        "{err}"
+    );
+    let o = run(&["--providers", "cpu"], &path);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && !err.contains("no --profile given"),
+        "{err}"
+    );
+    let o = run(&[], "/usr/bin:/bin");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && !err.contains("no --profile given"),
+        "{err}"
+    );
+}

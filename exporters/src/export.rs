@@ -191,7 +191,7 @@ impl DecoderVariant {
 /// Default `MatMulNBits` accuracy level (ONNX Runtime's own default for fused QDQ nodes).
 pub const DEFAULT_ACCURACY_LEVEL: u8 = 4;
 
-/// Default INT4 block size (see the README's int4 section for the measurements behind it).
+/// Default INT4 block size (docs/manual/export.md#int4 has the measurements behind it).
 pub const DEFAULT_BLOCK_SIZE: usize = 32;
 
 impl ExportOptions {
@@ -446,13 +446,23 @@ pub fn export(
             let cfg = dummy::write_files(dummy_name, &tmp_path)?;
             (cfg, Box::new(DummyWeights), Vec::new())
         } else {
-            let dir = PathBuf::from(&opts.checkpoint);
-            if !dir.is_dir() {
-                return Err(ExportError::Invalid(format!(
-                    "{}: checkpoint directory not found",
-                    dir.display()
-                )));
-            }
+            let dir = match crate::hub::resolve(&opts.checkpoint) {
+                Some(Ok(dir)) => dir,
+                Some(Err(e)) => {
+                    return Err(ExportError::Invalid(format!(
+                        "{}: no such folder; as a hub id, {e}",
+                        opts.checkpoint
+                    )))
+                }
+                None => {
+                    return Err(ExportError::Invalid(format!(
+                        "{}: checkpoint directory not found (--checkpoint takes a folder, a hub \
+                         id such as lightonai/LightOnOCR-2-1B in the Hugging Face cache, or \
+                         dummy:lightonocr-2-1b)",
+                        opts.checkpoint
+                    )))
+                }
+            };
             if !dir.join("config.json").is_file() {
                 return Err(ExportError::Invalid(format!(
                     "{}: not a checkpoint (no config.json); --checkpoint takes a LightOnOCR \

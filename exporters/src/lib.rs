@@ -4,6 +4,7 @@
 //! - [`config`]: `config.json` in the hub (`mistral3`) and transformers (`lighton_ocr`)
 //!   flavours, normalised into [`config::ModelConfig`].
 //! - [`checkpoint`]: memory-mapped safetensors (single file or sharded), bf16/fp16/fp32.
+//! - [`hub`]: a hub id (`lightonai/LightOnOCR-2-1B`) found in the Hugging Face cache.
 //! - [`dummy`]: random weights with real shapes (`dummy:lightonocr-2-1b`), for benchmarks.
 //! - [`graph`] and [`proto`]: a typed ONNX graph builder and protobuf writer.
 //! - [`layers`]: the one place where Linear, RMSNorm, RoPE and attention are emitted, per
@@ -32,6 +33,7 @@ pub mod embed;
 pub mod engines;
 pub mod export;
 pub mod graph;
+pub mod hub;
 pub mod kv_cache;
 pub mod layers;
 pub mod manifest;

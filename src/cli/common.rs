@@ -18,15 +18,16 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// How to run an exported model.
 #[derive(Args, Debug, Clone)]
 pub struct RuntimeArgs {
-    /// Hardware profile (`16gb`, `24gb`, `80gb`, `cpu`, or a YAML file).
+    /// Hardware profile (`16gb`, `24gb`, `80gb`, `cpu`, or a YAML file). Default, without
+    /// --providers: the largest built-in one the first GPU's memory holds, else none (CPU).
     #[arg(long, env = "OCRCTL_PROFILE")]
     pub profile: Option<String>,
     /// Which exported graphs to run: fp32, fp16, int4 or int4-fp16 (default: the
     /// profile's, else fp32).
     #[arg(long, env = "OCRCTL_PRECISION")]
     pub precision: Option<String>,
-    /// Execution providers in order of preference: tensorrt, cuda, cpu (default: the
-    /// profile's, else cpu).
+    /// Execution providers in order of preference: tensorrt-rtx, tensorrt, cuda, cpu
+    /// (default: the profile's, else cpu).
     #[arg(long, env = "OCRCTL_PROVIDERS", value_delimiter = ',', value_parser = parse_provider)]
     pub providers: Option<Vec<Provider>>,
     /// Fail instead of falling back when a listed provider is unavailable.
@@ -35,7 +36,7 @@ pub struct RuntimeArgs {
     /// ONNX Runtime intra-op threads (0 = all cores; default: the profile's).
     #[arg(long, env = "OCRCTL_THREADS")]
     pub threads: Option<usize>,
-    /// Path of libonnxruntime.so (default: found automatically, see the README).
+    /// Path of libonnxruntime.so (default: found automatically: docs/manual/setup.md).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     pub ort_lib: Option<PathBuf>,
     /// `session.qdq_matmulnbits_accuracy_level` for int4 graphs on the CPU: 0 computes in
@@ -61,7 +62,7 @@ pub struct RuntimeArgs {
     /// With the vision stage and the GQA decoder, also prefill pages on the stage's thread
     /// with a second decoder session, so prompts do not stall decode steps (`on`/`off`; costs
     /// a second copy of the decoder's weights in GPU memory; measured no throughput gain on an
-    /// H200, see the README).
+    /// H200: docs/manual/gpu.md).
     #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "off", action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new())]
     pub prefill_stage: bool,
@@ -150,13 +151,34 @@ fn parse_provider(s: &str) -> Result<Provider, String> {
     }
 }
 
+/// The built-in profile this machine's first GPU holds, chosen once and said in one line.
+pub fn auto_profile() -> Option<&'static str> {
+    static CHOICE: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let (name, gib) = ocrctl::profile::auto::for_this_machine()?;
+        eprintln!(
+            "ocrctl: no --profile given; GPU 0 has {gib:.1} GiB: using the {name} profile \
+             (--profile NAME or --providers cpu to choose)"
+        );
+        Some(name)
+    })
+}
+
 impl RuntimeArgs {
-    /// The profile, if `--profile` was given.
+    /// The profile: `--profile`'s, else (without `--providers`) the one this machine's GPU
+    /// holds ([`auto_profile`]), else none (the CPU).
     pub fn profile(&self) -> anyhow::Result<Option<Profile>> {
-        self.profile
-            .as_deref()
-            .map(|p| Profile::load(p).with_context(|| format!("--profile {p}")))
-            .transpose()
+        let name = match (&self.profile, &self.providers) {
+            (Some(p), _) => p.as_str(),
+            (None, None) => match auto_profile() {
+                Some(p) => p,
+                None => return Ok(None),
+            },
+            (None, Some(_)) => return Ok(None),
+        };
+        Profile::load(name)
+            .map(Some)
+            .with_context(|| format!("--profile {name}"))
     }
 
     /// The load options these flags (and the profile) describe for the export in `model`.

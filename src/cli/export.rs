@@ -18,8 +18,9 @@ use std::time::Instant;
 /// Arguments of `ocrctl export`.
 #[derive(Args, Debug)]
 pub struct ExportArgs {
-    /// Checkpoint directory (config.json, model.safetensors or shards, tokenizer files), or
-    /// `dummy:lightonocr-2-1b` / `dummy:tiny` for random weights with those shapes.
+    /// Checkpoint directory (config.json, model.safetensors or shards, tokenizer files), a
+    /// hub id in the Hugging Face cache (`lightonai/LightOnOCR-2-1B[@REV]`, fetched by `hf
+    /// download`), or `dummy:lightonocr-2-1b` / `dummy:tiny` for random weights.
     #[arg(long)]
     checkpoint: String,
     /// Output directory (must not exist unless --force).
@@ -44,7 +45,7 @@ pub struct ExportArgs {
     /// or `matmulnbits` (com.microsoft.MatMulNBits, ONNX Runtime only).
     #[arg(long, value_parser = parse_format)]
     int4_format: Option<Int4Format>,
-    /// Keep the lm_head in 16-bit for int4 precisions (larger files, see README).
+    /// Keep the lm_head in 16-bit for int4 precisions (larger files; docs/manual/export.md#int4).
     #[arg(long)]
     lm_head_16bit: bool,
     /// `accuracy_level` written into MatMulNBits nodes (0: float compute; 4: int8

@@ -14,7 +14,7 @@
 //! runs one engine per device, each taking the next page when it has room.
 
 use crate::cli::ocr_outcome::{error_row, input_name, Failures};
-use crate::cli::ocr_output::{md_path, FailurePolicy, Mode, Output, PageResult};
+use crate::cli::ocr_output::{md_path, page_rate, FailurePolicy, Mode, Output, PageResult};
 use anyhow::Context;
 use clap::Args;
 use ocrctl::documents::inputs::{self, Document, PageLoader};
@@ -357,11 +357,11 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!(
         "{} document(s), {total_pages} page(s), {failed} failed{skipped}; pages: {}; {} \
-         tokens in {secs:.1}s ({:.2} pages/s, {:.1} tokens/s)",
+         tokens in {secs:.1}s ({}, {:.1} tokens/s)",
         docs.len() + open_failed_n,
         out.page_summary(),
         out.tokens,
-        out.pages_ok as f64 / secs,
+        page_rate(out.pages_ok, secs),
         out.tokens as f64 / secs
     );
     Ok(failures.exit_code())

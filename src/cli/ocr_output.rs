@@ -170,8 +170,8 @@ impl<'a> Output<'a> {
     fn update_rate(&self) {
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         self.bar.set_message(format!(
-            "{:.2} pages/s, {:.1} tokens/s",
-            self.done as f64 / secs,
+            "{}, {:.1} tokens/s",
+            page_rate(self.done, secs),
             self.tokens as f64 / secs
         ));
     }
@@ -206,9 +206,12 @@ impl<'a> Output<'a> {
             (Ok(_), None) => {}
         }
         self.count(&outcome);
-        let marker = outcome.reason.map(|why| failed_marker(doc.page_number(page), why));
+        let marker = outcome
+            .reason
+            .map(|why| failed_marker(doc.page_number(page), why));
         if let Some(why) = outcome.reason {
-            let mut v = json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
+            let mut v =
+                json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
             if let Err(msg) = &r.text {
                 v["error"] = json!(msg);
             }
@@ -226,7 +229,12 @@ impl<'a> Output<'a> {
                         }
                         v
                     }
-                    Err(msg) => error_row(&doc.path, Some(doc.page_number(page)), &msg, outcome.attempts),
+                    Err(msg) => error_row(
+                        &doc.path,
+                        Some(doc.page_number(page)),
+                        &msg,
+                        outcome.attempts,
+                    ),
                 };
                 self.bar.suspend(|| println!("{v}"));
             }
@@ -347,6 +355,17 @@ impl<'a> Output<'a> {
     }
 }
 
+/// `2.35 pages/s`, or `12.4 s/page` when that would print below 1 (a slow CPU run printed
+/// "0.00 pages/s"), or `no page done`.
+pub fn page_rate(pages: usize, secs: f64) -> String {
+    let rate = pages as f64 / secs.max(1e-9);
+    match pages {
+        0 => "no page done".into(),
+        _ if rate >= 1.0 => format!("{rate:.2} pages/s"),
+        _ => format!("{:.1} s/page", 1.0 / rate),
+    }
+}
+
 /// Writes a document's pages (joined by [`page_separator`]) through a temporary file.
 ///
 /// The temporary file is a fresh one with a random name in the same folder, created
@@ -382,4 +401,17 @@ fn write_md(path: &Path, pages: &[String], doc: &Document) -> std::io::Result<()
         Ok(())
     };
     write().map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_rate;
+
+    #[test]
+    fn slow_runs_print_seconds_a_page_not_zero_pages_a_second() {
+        assert_eq!(page_rate(7, 2.0), "3.50 pages/s");
+        assert_eq!(page_rate(1, 1.0), "1.00 pages/s");
+        assert_eq!(page_rate(2, 150.0), "75.0 s/page");
+        assert_eq!(page_rate(0, 3.0), "no page done");
+    }
 }

@@ -209,8 +209,12 @@ fn spawn_engine(
 /// Runs the server until SIGTERM/SIGINT.
 pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.rt.profile.is_none() {
-        // `--profile` / `OCRCTL_PROFILE` were not given.
-        a.rt.profile = Some("cpu".into());
+        // `--profile` / `OCRCTL_PROFILE` were not given: the GPU's, else cpu.
+        let auto =
+            a.rt.providers
+                .is_none()
+                .then(crate::cli::common::auto_profile);
+        a.rt.profile = Some(auto.flatten().unwrap_or("cpu").into());
     }
     let (mut opts, profile) = a.rt.load_options(&a.model)?;
     let profile = profile.expect("a profile is always set above");

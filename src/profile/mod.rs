@@ -90,6 +90,7 @@ pub(crate) const SCORE_BYTES: u64 = 8;
 pub(crate) const MIB: u64 = 1 << 20;
 pub(crate) const GIB: u64 = 1 << 30;
 
+pub mod auto;
 mod budget;
 mod locate;
 mod report;

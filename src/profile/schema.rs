@@ -194,6 +194,10 @@ pub struct Profile {
     /// CPU EP settings (required when `providers` lists `cpu`).
     #[serde(default)]
     pub cpu: Option<CpuSection>,
+    /// The `derived:` section `profiles show` prints below a profile (KV size, TensorRT
+    /// shapes): read and ignored, so that what `show` prints loads as a profile.
+    #[serde(default, skip_serializing)]
+    pub derived: Option<yaml_serde::Value>,
     /// Where the profile was read from (not part of the YAML).
     #[serde(skip)]
     pub source: ProfileSource,

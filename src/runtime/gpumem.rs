@@ -52,6 +52,11 @@ pub fn parse_compute_cap(csv: &str, index: usize) -> Option<(u32, u32)> {
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
+/// Total memory of GPU `index` in MiB, as `nvidia-smi` numbers GPUs, if it can tell.
+pub fn total_mib(index: usize) -> Option<f64> {
+    parse_gpu_mib(&nvidia_smi("--query-gpu=memory.total,memory.used")?, index).map(|(t, _)| t)
+}
+
 /// Compute capability of GPU `index` as `nvidia-smi` numbers GPUs, if it can tell (drivers
 /// since 510; `CUDA_VISIBLE_DEVICES` may number them differently).
 pub fn compute_capability(index: usize) -> Option<(u32, u32)> {
