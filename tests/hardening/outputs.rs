@@ -18,7 +18,6 @@ fn ocr_out(out: &Path, inputs: &[&Path]) -> std::process::Output {
         "fp32",
         "--max-tokens",
         "4",
-        "--accept-length",
         "--out",
         out.to_str().unwrap(),
     ];
