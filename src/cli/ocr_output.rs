@@ -171,7 +171,7 @@ impl<'a> Output<'a> {
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         self.bar.set_message(format!(
             "{}, {:.1} tokens/s",
-            page_rate(self.done, secs),
+            page_rate(self.done as usize, secs),
             self.tokens as f64 / secs
         ));
     }
