@@ -25,11 +25,14 @@ pub use ocrctl::documents::inputs::page_separator;
 
 /// `<dir>/<file stem>.md`, the markdown file of a document.
 pub fn md_path(dir: &Path, file: &Path) -> PathBuf {
-    let stem = file
-        .file_stem()
+    dir.join(format!("{}.md", stem(file)))
+}
+
+/// The name a document's outputs take: its file name without the extension.
+pub fn stem(file: &Path) -> String {
+    file.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "page".into());
-    dir.join(format!("{stem}.md"))
+        .unwrap_or_else(|| "page".into())
 }
 
 /// How results are written.
@@ -206,9 +209,12 @@ impl<'a> Output<'a> {
             (Ok(_), None) => {}
         }
         self.count(&outcome);
-        let marker = outcome.reason.map(|why| failed_marker(doc.page_number(page), why));
+        let marker = outcome
+            .reason
+            .map(|why| failed_marker(doc.page_number(page), why));
         if let Some(why) = outcome.reason {
-            let mut v = json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
+            let mut v =
+                json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
             if let Err(msg) = &r.text {
                 v["error"] = json!(msg);
             }
@@ -226,7 +232,12 @@ impl<'a> Output<'a> {
                         }
                         v
                     }
-                    Err(msg) => error_row(&doc.path, Some(doc.page_number(page)), &msg, outcome.attempts),
+                    Err(msg) => error_row(
+                        &doc.path,
+                        Some(doc.page_number(page)),
+                        &msg,
+                        outcome.attempts,
+                    ),
                 };
                 self.bar.suspend(|| println!("{v}"));
             }
