@@ -470,5 +470,6 @@ pub async fn chat(
     .into_response())
 }
 
+mod ocr_figures;
 mod ocr_form;
 pub use ocr_form::*;

@@ -11,6 +11,9 @@ pub struct OcrQuery {
     /// Stream the markdown as it is generated (chunked `text/markdown`).
     #[serde(default)]
     stream: bool,
+    /// Crop the bbox models' boxed figures, returned as data URLs (`format=json`).
+    #[serde(default)]
+    figures: bool,
 }
 
 pub(crate) fn field_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ApiError> {
@@ -128,6 +131,13 @@ pub async fn ocr(
     st.ready()?;
     let max_tokens = o.max_tokens(&st)?;
     let params = o.sampling(&st.cfg.defaults, st.cfg.vocab_size)?;
+    if q.figures && (q.stream || !json_out) {
+        return Err(ApiError::bad(
+            "figures",
+            "figures=true returns the crops in JSON: use it with format=json, without stream",
+        ));
+    }
+    let upload = (bytes.clone(), name.clone());
     let st2 = st.clone();
     let client = ClientAlive::new();
     let alive = client.flag();
@@ -167,6 +177,7 @@ pub async fn ocr(
     let mut jobs = Vec::with_capacity(pages.len());
     let mut rxs = Vec::with_capacity(pages.len());
     let mut prompt_tokens = 0;
+    let (upload_bytes, upload_name) = upload;
     let upload = new_id("ocr");
     let numbers: Vec<usize> = pages.iter().map(|p| p.0).collect();
     for (_, ids, px) in pages {
@@ -227,6 +238,27 @@ pub async fn ocr(
         completion += c.completion_tokens;
         pages_json.push(json!({"page": numbers[i], "text": c.text, "finish_reason": c.finish_reason, "completion_tokens": c.completion_tokens}));
         texts.push(c.text);
+    }
+    if q.figures {
+        let (numbers, max_pixels) = (numbers.clone(), st.cfg.max_pixels);
+        let crop = move || {
+            let figs = super::ocr_figures::crop_pages(
+                &upload_bytes,
+                &upload_name,
+                &numbers,
+                &mut texts,
+                max_pixels,
+            );
+            figs.map(|f| (texts, f))
+        };
+        let (t, figs) = tokio::task::spawn_blocking(crop)
+            .await
+            .map_err(|e| ApiError::Engine(format!("figures task failed: {e}")))??;
+        texts = t;
+        for ((p, f), t) in pages_json.iter_mut().zip(figs).zip(&texts) {
+            p["figures"] = f;
+            p["text"] = json!(t);
+        }
     }
     let mut text = String::new();
     for (i, t) in texts.iter().enumerate() {
