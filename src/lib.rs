@@ -5,6 +5,7 @@
 //! - [`model`]: the model's input contract — image preprocessing exactly as the reference,
 //!   prompts and tokenizer.
 //! - [`documents`]: inputs (files, folders, patterns, PDFs) as documents of pages.
+//! - [`output`]: the model's Markdown made into what users keep (figures cropped, tables).
 //! - [`runtime`]: the [`runtime::backend::Backend`] trait and its ONNX Runtime implementation,
 //!   providers, devices, finding the shared libraries.
 //! - [`generation`]: continuous batching, sampling, greedy generation.
@@ -23,6 +24,7 @@
 pub mod documents;
 pub mod generation;
 pub mod model;
+pub mod output;
 pub mod profile;
 pub mod quality;
 pub mod runtime;

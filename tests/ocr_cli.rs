@@ -499,3 +499,128 @@ fn page_ranges_read_only_the_pages_chosen() {
         assert!(err.contains("--pages") && err.contains(why), "{bad}: {err}");
     }
 }
+
+/// A one-page PDF of `w × h` points whose content stream is `content` (xref offsets exact).
+fn drawn_pdf(w: f32, h: f32, content: &str) -> Vec<u8> {
+    let objs = [
+        "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_string(),
+        format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {w} {h}] /Contents 4 0 R >>"),
+        format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len()
+        ),
+    ];
+    let mut out = b"%PDF-1.7\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, o) in objs.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n{o}\nendobj\n", i + 1).as_bytes());
+    }
+    let xref = out.len();
+    out.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objs.len() + 1).as_bytes());
+    for off in offsets {
+        out.extend_from_slice(format!("{off:010} 00000 n \n").as_bytes());
+    }
+    out.extend_from_slice(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objs.len() + 1
+        )
+        .as_bytes(),
+    );
+    out
+}
+
+/// What `--figures` runs on a page whose text holds a box (the fixture model never writes
+/// one): the page loaded at full resolution as the CLI loads it ([`PageLoader::load_full`]),
+/// cropped by [`crop_figures`]. A synthetic page with a drawn rectangle, as a PDF (rendered
+/// at 200 DPI, not the model's 1540-px copy) and as a PNG, gives the rectangle pixel-exact.
+#[test]
+fn boxed_figures_are_cropped_pixel_exact_from_the_full_resolution_page() {
+    use ocrctl::documents::inputs::{Document, PageLoader};
+    use ocrctl::output::figures::crop_figures;
+    let d = tempfile::tempdir().unwrap();
+    // 720 × 540 pt = 2000 × 1500 px; the rectangle is x 180..432 pt, y 108..432 pt from the
+    // top: pixels x 500..1200, y 300..1200, i.e. 250,200,600,800 in thousandths.
+    let pdf = d.path().join("drawn.pdf");
+    std::fs::write(
+        &pdf,
+        drawn_pdf(720.0, 540.0, "0 0 1 rg 180 108 252 324 re f"),
+    )
+    .unwrap();
+    let text = "Figure 1 shows it.\n\n![image](image_1.png)250,200,600,800\n\nThe end.";
+    let mut loader = PageLoader::new(None, 100_000_000);
+    let doc = Document::open(&pdf, None).unwrap();
+    assert_eq!(loader.load(&doc, 0).unwrap().dimensions(), (1540, 1155));
+    let page = loader.load_full(&doc, 0).unwrap();
+    assert_eq!(page.dimensions(), (2000, 1500));
+    let png = d.path().join("drawn.png");
+    page.save(&png).unwrap();
+    let image_doc = Document::open(&png, None).unwrap();
+    for doc in [doc, image_doc] {
+        let page = loader.load_full(&doc, 0).unwrap();
+        let got = crop_figures(text, &page, |n| format!("drawn/page-1-figure-{n}.png"));
+        assert_eq!(
+            got.text,
+            "Figure 1 shows it.\n\n![image](drawn/page-1-figure-1.png)\n\nThe end."
+        );
+        let f = &got.figures[0];
+        assert_eq!(
+            f.pixels,
+            Some([500, 300, 1200, 1200]),
+            "{}",
+            doc.path.display()
+        );
+        let crop = f.crop.as_ref().unwrap();
+        assert_eq!(crop.dimensions(), (700, 900));
+        assert!(
+            crop.pixels().all(|p| p.0 == [0, 0, 255]),
+            "{}",
+            doc.path.display()
+        );
+        // One pixel outside the box on every side is the white page.
+        for (x, y) in [(499, 700), (1200, 700), (800, 299), (800, 1200)] {
+            assert_eq!(page.get_pixel(x, y).0, [255, 255, 255], "({x}, {y})");
+        }
+    }
+}
+
+/// The flags on the fixture: `--figures` needs a folder; with one, pages whose text holds no
+/// box (all the fixture writes) are written as without it and no crop is made, and `--json`
+/// rows carry `figures: []`; `--tables` takes html or markdown.
+#[test]
+fn figures_and_tables_flags_on_pages_without_boxes() {
+    let d = tempfile::tempdir().unwrap();
+    let img = fixture().join("images/aligned.png");
+    let img = img.to_str().unwrap();
+    let e = ocr(&["--figures", img]);
+    assert!(!e.status.success());
+    let err = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        err.contains("--figures needs a folder") && err.contains("--out"),
+        "{err}"
+    );
+    let e = ocr(&["--tables", "pdf", img]);
+    assert!(String::from_utf8_lossy(&e.stderr).contains("html or markdown"));
+    let (plain, figs) = (d.path().join("plain"), d.path().join("figs"));
+    for (dir, extra) in [
+        (&plain, vec![]),
+        (&figs, vec!["--figures", "--tables", "markdown"]),
+    ] {
+        let mut args = vec!["--out", dir.to_str().unwrap(), img];
+        args.extend(extra);
+        let o = ocr(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let read = |dir: &Path| std::fs::read_to_string(dir.join("aligned.md")).unwrap();
+    assert_eq!(read(&figs), read(&plain));
+    assert!(!figs.join("aligned").exists());
+    let crops = d.path().join("crops");
+    let flag = format!("--figures={}", crops.display());
+    let o = ocr(&["--json", &flag, img]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = json_lines(&o.stdout);
+    assert_eq!(rows[0]["figures"], serde_json::json!([]));
+    assert!(crops.is_dir());
+}

@@ -6,7 +6,8 @@
 //! and submitted lazily as the continuous-batching [`Engine`] admits them (`--batch-size` at
 //! once), so memory does not grow with the input. Results are written in input order as they
 //! finish ([`crate::cli::ocr_output`]): plain text, `--json` (one object per page), or `--out DIR`
-//! (one markdown file per document; `--resume` skips documents whose file exists). A bad
+//! (one markdown file per document; `--resume` skips documents whose file exists);
+//! `--figures` and `--tables` rewrite each page's text first ([`crate::cli::ocr_post`]). A bad
 //! file or page is reported by name and the rest still run; a page that ends at
 //! `--max-tokens` or in a loop is retried, then failed ([`crate::cli::ocr_outcome`]: flags,
 //! exit code 2 when anything failed, `failures.jsonl`). A progress bar on stderr (not with `--quiet` or when stderr is not a
@@ -24,7 +25,7 @@ use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
 use ocrctl::model::preprocess;
 use ocrctl::runtime::devices::Device;
 use ocrctl::runtime::ortmodel::OrtModel;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -86,6 +87,8 @@ pub struct OcrArgs {
     ignore_eos: bool,
     #[command(flatten)]
     outcome: crate::cli::ocr_outcome::OutcomeArgs,
+    #[command(flatten)]
+    post: crate::cli::ocr_post::PostArgs,
     /// Print one JSON object per page (with `file` and 1-based `page`) instead of plain text.
     #[arg(long, conflicts_with = "out")]
     json: bool,
@@ -305,6 +308,9 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
     }
+    let post = a
+        .post
+        .resolve(a.out.as_deref(), a.pdfium_lib.clone(), a.max_pixels)?;
     let (docs, open_failed, skipped, not_read) = open_documents(&a)?;
     let open_failed_n = open_failed.rows.len();
     let total_pages: usize = docs.iter().map(Document::pages).sum();
@@ -331,6 +337,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             max_tokens,
             engines,
             manifest.model,
+            post,
         )?;
     }
     let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -379,6 +386,7 @@ struct Pages<'a, 'd, I> {
     params: &'a SamplingParams,
     max_tokens: usize,
     policy: RetryPolicy,
+    post: crate::cli::ocr_post::Post,
 }
 
 /// Runs every page of `docs` through one engine per device of `engines` (load options of
@@ -394,6 +402,7 @@ fn run_pages<'a, 'd>(
     max_tokens: usize,
     engines: Vec<(String, ocrctl::runtime::ortmodel::LoadOptions)>,
     cfg: ocrctl_exporters::config::ModelConfig,
+    post: crate::cli::ocr_post::Post,
 ) -> anyhow::Result<()> {
     let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
     let units = docs
@@ -411,6 +420,7 @@ fn run_pages<'a, 'd>(
         params,
         max_tokens,
         policy: a.outcome.policy(),
+        post,
     };
     let n = engines.len();
     let errors: Vec<anyhow::Error> = std::thread::scope(|s| {
@@ -583,6 +593,7 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
             .prompter
             .decode(text_ids, true)
             .map_err(|e| format!("{name}: {e}"))?;
+        let (text, post_fields) = self.post.apply(&docs[d], page, &name, text)?;
         let v = json.then(|| {
             json!({
                 "file": docs[d].path.display().to_string(),
@@ -595,6 +606,12 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
                 "image_tokens": m.image_tokens,
                 "image_size": m.size,
             })
+        });
+        let v = v.map(|mut v| {
+            if let (Some(o), Some(Value::Object(f))) = (v.as_object_mut(), post_fields) {
+                o.extend(f);
+            }
+            v
         });
         Ok((text, v))
     }

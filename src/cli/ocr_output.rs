@@ -25,11 +25,14 @@ pub use ocrctl::documents::inputs::page_separator;
 
 /// `<dir>/<file stem>.md`, the markdown file of a document.
 pub fn md_path(dir: &Path, file: &Path) -> PathBuf {
-    let stem = file
-        .file_stem()
+    dir.join(format!("{}.md", stem(file)))
+}
+
+/// The name a document's outputs take: its file name without the extension.
+pub fn stem(file: &Path) -> String {
+    file.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "page".into());
-    dir.join(format!("{stem}.md"))
+        .unwrap_or_else(|| "page".into())
 }
 
 /// How results are written.

@@ -443,9 +443,25 @@ impl PageLoader {
         }
     }
 
-    /// The `index`-th page read (0-based; see [`Document::page_index`]) of `doc` as RGB.
-    /// Moving on to another document closes the PDF held so far.
+    /// The `index`-th page read (0-based; see [`Document::page_index`]) of `doc` as RGB, as
+    /// the model reads it. Moving on to another document closes the PDF held so far.
     pub fn load(&mut self, doc: &Document, index: usize) -> Result<RgbImage, InputError> {
+        self.load_sized(doc, index, false)
+    }
+
+    /// Like [`PageLoader::load`], at full resolution: an image as it is (after its EXIF
+    /// orientation), a PDF page rendered at [`pdf::PDF_DPI`] without the model's side cap
+    /// (within the pixel budget): what figures are cropped from.
+    pub fn load_full(&mut self, doc: &Document, index: usize) -> Result<RgbImage, InputError> {
+        self.load_sized(doc, index, true)
+    }
+
+    fn load_sized(
+        &mut self,
+        doc: &Document,
+        index: usize,
+        full: bool,
+    ) -> Result<RgbImage, InputError> {
         if self.open.as_ref().is_some_and(|(p, _)| p != &doc.path) {
             self.open = None;
         }
@@ -462,7 +478,12 @@ impl PageLoader {
                     self.open = Some((doc.path.clone(), pdf));
                 }
                 let (_, pdf) = self.open.as_ref().expect("opened above");
-                Ok(pdf.render_page(doc.page_index(index))?)
+                let i = doc.page_index(index);
+                Ok(if full {
+                    pdf.render_page_full(i, self.max_pixels)?
+                } else {
+                    pdf.render_page(i)?
+                })
             }
         }
     }

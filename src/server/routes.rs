@@ -470,6 +470,7 @@ pub async fn chat(
     .into_response())
 }
 
+mod ocr_figures;
 mod ocr_form;
 mod ocr_pages;
 pub use ocr_form::*;

@@ -177,6 +177,31 @@ fn a_pdf_upload_reads_like_its_pages_and_bad_pdfs_are_400() {
     )
     .unwrap();
     assert_eq!(r.text(), v["text"].as_str().unwrap());
+    // figures=true: the same text (the fixture model writes no boxes, so nothing is cropped:
+    // the crops themselves are tested in server::routes::ocr_figures), `figures` per page;
+    // JSON only.
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/ocr?format=json&figures=true",
+        &[("Content-Type", &ct)],
+        &mp,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let f = r.json();
+    assert_eq!(f["text"], v["text"]);
+    assert_eq!(f["pages"][1]["figures"], serde_json::json!([]));
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/ocr?figures=true",
+        &[("Content-Type", &ct)],
+        &mp,
+    )
+    .unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "figures");
     for (file, needle) in [
         ("encrypted.pdf", "encrypted"),
         ("truncated.pdf", "truncated.pdf"),

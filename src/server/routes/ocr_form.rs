@@ -2,6 +2,7 @@
 //! markdown, JSON pages or a text stream; pages that did not finish are retried and marked
 //! ([`super::ocr_pages`]).
 
+use super::ocr_figures;
 use super::ocr_pages::{self, OutcomeFields, PageJob};
 use super::*;
 
@@ -13,6 +14,9 @@ pub struct OcrQuery {
     /// Stream the markdown as it is generated (chunked `text/markdown`).
     #[serde(default)]
     stream: bool,
+    /// Crop the bbox models' boxed figures, returned as data URLs (`format=json`).
+    #[serde(default)]
+    figures: bool,
 }
 
 pub(crate) fn field_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ApiError> {
@@ -133,6 +137,14 @@ pub async fn ocr(
     st.ready()?;
     let max_tokens = o.max_tokens(&st)?;
     let params = o.sampling(&st.cfg.defaults, st.cfg.vocab_size)?;
+    if q.figures && (q.stream || !json_out) {
+        return Err(ApiError::bad(
+            "figures",
+            "figures=true returns the crops in JSON: use it with format=json, without stream",
+        ));
+    }
+    // `Bytes`: the clone shares the upload, read again only for pages with boxed figures.
+    let figures_src = q.figures.then(|| (bytes.clone(), name.clone()));
     let st2 = st.clone();
     let client = ClientAlive::new();
     let alive = client.flag();
@@ -197,7 +209,13 @@ pub async fn ocr(
     if q.stream {
         return Ok(ocr_pages::stream(st.clone(), queued, policy));
     }
-    let results = ocr_pages::run_pages(&st, queued, policy, accepted).await?;
+    let mut results = ocr_pages::run_pages(&st, queued, policy, accepted).await?;
     drop(client);
-    Ok(ocr_pages::respond(&st, &results, json_out))
+    let figures = match figures_src {
+        Some((bytes, name)) => {
+            Some(ocr_figures::crop_results(&st, bytes, name, &mut results).await?)
+        }
+        None => None,
+    };
+    Ok(ocr_pages::respond(&st, &results, json_out, figures))
 }

@@ -161,6 +161,15 @@ pub(super) fn page_json(r: &PageResult) -> Value {
     v
 }
 
+/// The `pages` array of `format=json`, each page with its `figures` where they were cropped.
+fn pages_json(results: &[PageResult], figures: Option<Vec<Value>>) -> Vec<Value> {
+    let mut pages: Vec<Value> = results.iter().map(page_json).collect();
+    for (p, f) in pages.iter_mut().zip(figures.into_iter().flatten()) {
+        p["figures"] = f;
+    }
+    pages
+}
+
 /// The error object of a response none of whose pages finished.
 pub(super) fn all_failed_error(pages: usize) -> Value {
     json!({
@@ -176,8 +185,13 @@ pub(super) fn all_failed_error(pages: usize) -> Value {
 
 /// The response of an upload whose pages all ended: markdown (failed pages as their
 /// marker) or `format=json`, with the status of [`status_of`] and the failed pages' numbers
-/// in [`FAILED_PAGES_HEADER`].
-pub(super) fn respond(st: &AppState, results: &[PageResult], json_out: bool) -> Response {
+/// in [`FAILED_PAGES_HEADER`]; `figures` (one array a page, `figures=true`) join the JSON pages.
+pub(super) fn respond(
+    st: &AppState,
+    results: &[PageResult],
+    json_out: bool,
+    figures: Option<Vec<Value>>,
+) -> Response {
     let mut text = String::new();
     for (i, r) in results.iter().enumerate() {
         if i > 0 {
@@ -197,7 +211,7 @@ pub(super) fn respond(st: &AppState, results: &[PageResult], json_out: bool) -> 
         let mut body = json!({
             "model": st.cfg.model_name,
             "text": text,
-            "pages": results.iter().map(page_json).collect::<Vec<_>>(),
+            "pages": pages_json(results, figures),
             "failed_pages": failed,
             "usage": openai::usage(prompt, completion),
         });
