@@ -1,7 +1,8 @@
 //! The `ocrctl` commands, one module each (`export`, `ocr`, `eval`, `bench`, `profiles`,
 //! `serve`, `doctor`, `verify`, `build-engines`), over the library; [`common`] holds the runtime flags they share
 //! (`--profile`, `--precision`, `--providers`, …) and error reporting, [`ocr_output`] the
-//! in-order writing of `ocrctl ocr`, [`ocr_outcome`] its page-outcome flags and exit codes.
+//! in-order writing of `ocrctl ocr`, [`ocr_outcome`] its page-outcome flags and exit codes,
+//! [`pdf_limits`] the PDF worker limits of `ocr` and `serve`.
 
 pub mod bench;
 pub mod build_engines;
@@ -14,6 +15,7 @@ pub mod logging;
 pub mod ocr;
 pub mod ocr_outcome;
 pub mod ocr_output;
+pub mod pdf_limits;
 pub mod profiles;
 pub mod serve;
 pub mod verify;
