@@ -206,9 +206,12 @@ impl<'a> Output<'a> {
             (Ok(_), None) => {}
         }
         self.count(&outcome);
-        let marker = outcome.reason.map(|why| failed_marker(doc.page_number(page), why));
+        let marker = outcome
+            .reason
+            .map(|why| failed_marker(doc.page_number(page), why));
         if let Some(why) = outcome.reason {
-            let mut v = json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
+            let mut v =
+                json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
             if let Err(msg) = &r.text {
                 v["error"] = json!(msg);
             }
@@ -226,7 +229,12 @@ impl<'a> Output<'a> {
                         }
                         v
                     }
-                    Err(msg) => error_row(&doc.path, Some(doc.page_number(page)), &msg, outcome.attempts),
+                    Err(msg) => error_row(
+                        &doc.path,
+                        Some(doc.page_number(page)),
+                        &msg,
+                        outcome.attempts,
+                    ),
                 };
                 self.bar.suspend(|| println!("{v}"));
             }

@@ -377,7 +377,9 @@ impl Worker {
     /// Notes the worker's address-space size (Linux: `/proc/PID/statm`, in pages).
     fn sample(&mut self) {
         let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()));
-        let pages = statm.ok().and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        let pages = statm
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
         if let Some(p) = pages {

@@ -203,6 +203,10 @@ fn random_run(stage: bool) {
         "{} joined, {cancelled} cancelled, {finished} finished",
         reqs.len()
     );
-    assert!(e.stats.preemptions > 20, "{} preemptions", e.stats.preemptions);
+    assert!(
+        e.stats.preemptions > 20,
+        "{} preemptions",
+        e.stats.preemptions
+    );
     assert_eq!(e.backend.taken_blocks(), 0, "blocks leaked (stage {stage})");
 }
