@@ -50,6 +50,23 @@ enum Command {
     Verify(cli::verify::VerifyArgs),
     /// Build TensorRT-RTX engines for a profile ahead of time (no GPU needed).
     BuildEngines(cli::build_engines::BuildEnginesArgs),
+    /// Internal: the worker process that reads PDFs for `ocr` and `serve` under limits.
+    #[command(name = "pdf-worker", hide = true)]
+    PdfWorker(PdfWorkerArgs),
+}
+
+/// Arguments of the hidden `pdf-worker` subcommand (see `documents::pdf::worker`).
+#[derive(clap::Args, Debug)]
+struct PdfWorkerArgs {
+    /// Address space of the process, bytes.
+    #[arg(long)]
+    memory_bytes: u64,
+    /// CPU seconds a request may take.
+    #[arg(long)]
+    cpu_seconds: u64,
+    /// The pdfium library (else searched).
+    #[arg(long)]
+    pdfium_lib: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -65,6 +82,10 @@ fn main() -> ExitCode {
             };
         }
     };
+    if let Command::PdfWorker(a) = &cli.command {
+        use ocrctl::documents::pdf::worker;
+        return worker::run(a.pdfium_lib.as_deref(), a.memory_bytes, a.cpu_seconds);
+    }
     cli::logging::init(cli.log_format);
     let result = match cli.command {
         Command::Export(a) => cli::export::run(a),
@@ -76,6 +97,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cli::serve::run(a),
         Command::Verify(a) => cli::verify::run(a),
         Command::BuildEngines(a) => cli::build_engines::run(a),
+        Command::PdfWorker(_) => unreachable!("served above"),
     };
     match result {
         Ok(code) => code,

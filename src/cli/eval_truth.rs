@@ -13,6 +13,7 @@ use crate::cli::common::{describe, RuntimeArgs};
 use anyhow::Context;
 use clap::Args;
 use ocrctl::documents::inputs::PageLoader;
+use ocrctl::documents::pdf::sandbox::{PdfLimits, PdfReader, Sandbox};
 use ocrctl::generation::engine::{Engine, GenRequest};
 use ocrctl::generation::pipeline::PagePipeline;
 use ocrctl::generation::sampling::SamplingParams;
@@ -198,7 +199,10 @@ fn read_pages(
     max_tokens: usize,
     a: &TruthArgs,
 ) -> Vec<(usize, usize, Outcome)> {
-    let mut loader = PageLoader::new(a.pdfium_lib.clone(), preprocess::DEFAULT_MAX_PIXELS);
+    // Rendered like `ocrctl ocr` does: in a worker process, default limits.
+    let sandbox = Sandbox::new(a.pdfium_lib.clone(), PdfLimits::default());
+    let reader = PdfReader::Sandboxed(std::sync::Arc::new(sandbox));
+    let mut loader = PageLoader::with_reader(reader, preprocess::DEFAULT_MAX_PIXELS);
     let mut units = set
         .docs
         .iter()

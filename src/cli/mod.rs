@@ -2,7 +2,8 @@
 //! `serve`, `doctor`, `verify`, `build-engines`), over the library; [`common`] holds the runtime flags they share
 //! (`--profile`, `--precision`, `--providers`, …) and error reporting, [`ocr_output`] the
 //! in-order writing of `ocrctl ocr`, [`ocr_outcome`] its page-outcome flags and exit codes,
-//! [`ocr_post`] its `--figures` and `--tables`.
+//! [`ocr_post`] its `--figures` and `--tables`, [`pdf_limits`] the PDF worker limits of `ocr`
+//! and `serve`.
 
 pub mod bench;
 pub mod build_engines;
@@ -16,6 +17,7 @@ pub mod ocr;
 pub mod ocr_outcome;
 pub mod ocr_output;
 pub mod ocr_post;
+pub mod pdf_limits;
 pub mod profiles;
 pub mod serve;
 pub mod verify;

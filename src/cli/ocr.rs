@@ -113,6 +113,8 @@ pub struct OcrArgs {
     /// wheel in .venv or python3's site-packages).
     #[arg(long)]
     pdfium_lib: Option<PathBuf>,
+    #[command(flatten)]
+    pdf: crate::cli::pdf_limits::PdfLimitArgs,
     /// Devices to run one engine each on, comma-separated: GPU indices (`0,1`, with the
     /// profile's GPU providers) or `cpu`; engines take the next page when they have room.
     #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
@@ -138,6 +140,8 @@ pub struct OcrArgs {
 /// markdown file exists and is complete (no failed page marked) are skipped (and counted).
 /// Also returns the folder entries not read (other files; subfolders without `--recursive`).
 fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, Failures, usize, usize)> {
+    // Pages are counted in worker processes too: a document can blow up while it opens.
+    let reader = a.pdf.reader(a.pdfium_lib.clone());
     let (mut docs, mut failed, mut skipped, mut overwritten) =
         (Vec::new(), Failures::default(), 0, 0);
     let file_failed = |failed: &mut Failures, path: &Path, msg: String| {
@@ -188,7 +192,7 @@ fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, Failures, usize
             }
             md_owner.insert(md, path.clone());
         }
-        let opened = Document::open(&path, a.pdfium_lib.as_deref()).and_then(|mut d| {
+        let opened = Document::open_with(&path, &reader).and_then(|mut d| {
             a.pages.as_ref().map_or(Ok(()), |r| d.select(r))?;
             Ok(d)
         });
@@ -415,7 +419,10 @@ fn run_pages<'a, 'd>(
         docs,
         out,
         units: Mutex::new(units),
-        loader: Mutex::new(PageLoader::new(a.pdfium_lib.clone(), a.max_pixels)),
+        loader: Mutex::new(PageLoader::with_reader(
+            a.pdf.reader(a.pdfium_lib.clone()),
+            a.max_pixels,
+        )),
         pipeline,
         params,
         max_tokens,

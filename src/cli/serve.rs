@@ -111,6 +111,8 @@ pub struct ServeArgs {
     /// 96 ms warmed up). An empty value lists none.
     #[arg(long, env = "OCRCTL_WARM_UP", value_delimiter = ',')]
     warm_up: Vec<String>,
+    #[command(flatten)]
+    pdf: crate::cli::pdf_limits::PdfLimitArgs,
 }
 
 /// One page of a warm-up size, preprocessed as requests are: pixels and prompt.
@@ -341,6 +343,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             profile.decode_memory_mb as u64 * 1024 * 1024,
         ),
         body_budget: ocrctl::server::front::BodyBudget::new(a.body_memory_mb * 1024 * 1024),
+        pdf: a.pdf.reader(None),
     });
     // Each engine thread owns its copy of the model.
     for (me, (opts, label)) in engine_opts.into_iter().zip(labels).enumerate() {

@@ -19,9 +19,12 @@
 //!
 //! [`Document::open`] counts a PDF's pages (and refuses encrypted or broken ones) without
 //! rendering; [`PageLoader`] renders or decodes a page only when asked and keeps at most one
-//! PDF open, so memory does not grow with the number or length of the documents.
+//! PDF open, so memory does not grow with the number or length of the documents. Both read
+//! PDFs with a [`PdfReader`]: `ocrctl ocr` gives them a sandboxed one (worker processes with
+//! time and memory limits, [`pdf::sandbox`]).
 
-use crate::documents::pdf::{self, PdfDocument, PdfError};
+use crate::documents::pdf::sandbox::{OpenPdf, PdfReader};
+use crate::documents::pdf::{self, PdfError};
 use crate::documents::ranges::{PageRanges, RangeError};
 use crate::model::preprocess::{self, PreprocessError};
 use crate::quality::calibrate::IMAGE_EXTENSIONS;
@@ -354,9 +357,15 @@ pub struct Document {
 }
 
 impl Document {
-    /// Classifies `path` (see the module documentation); a PDF is opened to count its pages,
-    /// which refuses encrypted, damaged, empty and over-long ones. Images are not read yet.
+    /// Classifies `path` (see the module documentation); a PDF is opened in this process to
+    /// count its pages, which refuses encrypted, damaged, empty and over-long ones. Images are
+    /// not read yet.
     pub fn open(path: &Path, pdfium: Option<&Path>) -> Result<Self, InputError> {
+        Self::open_with(path, &PdfReader::InProcess(pdfium.map(Path::to_path_buf)))
+    }
+
+    /// Like [`Document::open`], opening a PDF with `reader`.
+    pub fn open_with(path: &Path, reader: &PdfReader) -> Result<Self, InputError> {
         let read_err = |source| InputError::Read {
             path: path.to_path_buf(),
             source,
@@ -370,7 +379,7 @@ impl Document {
             .is_some_and(|e| e.eq_ignore_ascii_case("pdf"));
         let kind = if pdf::is_pdf(&head) || pdf_ext {
             let bytes = std::fs::read(path).map_err(read_err)?;
-            let doc = PdfDocument::open(bytes, &path.display().to_string(), pdfium)?;
+            let doc = reader.open(bytes, &path.display().to_string())?;
             DocKind::Pdf {
                 pages: doc.page_count(),
             }
@@ -427,17 +436,22 @@ impl Document {
 
 /// Loads pages on demand, keeping the PDF being read open (and only that one).
 pub struct PageLoader {
-    pdfium: Option<PathBuf>,
+    reader: PdfReader,
     max_pixels: u64,
-    open: Option<(PathBuf, PdfDocument<'static>)>,
+    open: Option<(PathBuf, OpenPdf)>,
 }
 
 impl PageLoader {
-    /// `pdfium`: explicit library path; `max_pixels`: image budget (see
-    /// [`preprocess::load_image`]).
+    /// PDFs rendered in this process. `pdfium`: explicit library path; `max_pixels`: image
+    /// budget (see [`preprocess::load_image`]).
     pub fn new(pdfium: Option<PathBuf>, max_pixels: u64) -> Self {
+        Self::with_reader(PdfReader::InProcess(pdfium), max_pixels)
+    }
+
+    /// PDFs read with `reader` (e.g. a sandboxed one).
+    pub fn with_reader(reader: PdfReader, max_pixels: u64) -> Self {
         Self {
-            pdfium,
+            reader,
             max_pixels,
             open: None,
         }
@@ -474,10 +488,10 @@ impl PageLoader {
                         source,
                     })?;
                     let name = doc.path.display().to_string();
-                    let pdf = PdfDocument::open(bytes, &name, self.pdfium.as_deref())?;
+                    let pdf = self.reader.open(bytes, &name)?;
                     self.open = Some((doc.path.clone(), pdf));
                 }
-                let (_, pdf) = self.open.as_ref().expect("opened above");
+                let (_, pdf) = self.open.as_mut().expect("opened above");
                 let i = doc.page_index(index);
                 Ok(if full {
                     pdf.render_page_full(i, self.max_pixels)?

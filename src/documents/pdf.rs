@@ -19,6 +19,9 @@
 //! does, to keep memory bounded); [`render_pdf`] renders them all.
 
 mod pdfium;
+pub mod sandbox;
+mod wire;
+pub mod worker;
 
 use image::RgbImage;
 use pdfium::{with_loaded, with_pdfium, Handle};
@@ -36,8 +39,9 @@ pub const PDF_MAX_SIDE: u32 = ocrctl_exporters::contract::image::LONGEST_EDGE;
 /// Documents with more pages than this are refused.
 pub const PDF_MAX_PAGES: usize = 500;
 
-/// Errors opening or rendering a PDF. Every message names the document (`name`).
-#[derive(Debug, thiserror::Error)]
+/// Errors opening or rendering a PDF. Every message names the document (`name`). They cross
+/// from the [`sandbox`]'s worker process to its parent as JSON.
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum PdfError {
     /// No pdfium library in any of the places searched.
     #[error(
@@ -83,7 +87,7 @@ pub enum PdfError {
         /// The document at fault.
         name: String,
         /// Password-protected, or an unsupported security handler.
-        detail: &'static str,
+        detail: Cow<'static, str>,
     },
     /// pdfium could not parse the data.
     #[error("{name}: not a PDF or a damaged one ({detail})")]
@@ -118,6 +122,36 @@ pub enum PdfError {
         page: usize,
         /// What went wrong.
         problem: String,
+    },
+    /// Opening the document or rendering a page went past a limit of the [`sandbox`]; its
+    /// worker was stopped.
+    #[error("{name}: {step}: {exceeded}")]
+    Limit {
+        /// The document at fault.
+        name: String,
+        /// Opening it, or which page.
+        step: sandbox::Step,
+        /// Which limit.
+        exceeded: sandbox::Exceeded,
+    },
+    /// The [`sandbox`]'s worker process could not be started.
+    #[error("{name}: cannot read PDFs: cannot start the PDF renderer process: {detail}")]
+    WorkerStart {
+        /// The document that needed it.
+        name: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The [`sandbox`]'s worker process stopped without an answer short of a limit (a
+    /// crash), or answered nonsense.
+    #[error("{name}: {step}: the PDF renderer process failed: {detail}")]
+    Worker {
+        /// The document being read.
+        name: String,
+        /// Opening it, or which page.
+        step: sandbox::Step,
+        /// What happened.
+        detail: String,
     },
 }
 
@@ -210,11 +244,11 @@ impl<'a> PdfDocument<'a> {
             return Err(match code {
                 pdfium::FPDF_ERR_PASSWORD => PdfError::Encrypted {
                     name,
-                    detail: "password-protected",
+                    detail: "password-protected".into(),
                 },
                 pdfium::FPDF_ERR_SECURITY => PdfError::Encrypted {
                     name,
-                    detail: "unsupported security handler",
+                    detail: "unsupported security handler".into(),
                 },
                 pdfium::FPDF_ERR_FORMAT => PdfError::Broken {
                     name,

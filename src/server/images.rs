@@ -198,8 +198,10 @@ pub fn prepare_image(
 }
 
 /// The pages of an upload with their 1-based page numbers: a PDF's pages (those `ranges`
-/// selects, else all) rendered at 200 DPI, or the image itself (page 1, whatever `ranges`).
+/// selects, else all) rendered at 200 DPI by `reader`, or the image itself (page 1, whatever
+/// `ranges`). A page past the reader's limits is a 400 naming the page and the limit.
 pub fn document_pages(
+    reader: &crate::documents::pdf::sandbox::PdfReader,
     bytes: &[u8],
     name: &str,
     max_pixels: u64,
@@ -212,10 +214,11 @@ pub fn document_pages(
             // The server's set-up is at fault, not the upload.
             PdfError::LibraryNotFound { .. }
             | PdfError::LibraryMissing { .. }
-            | PdfError::LibraryLoad { .. } => ApiError::Unavailable(e.to_string()),
+            | PdfError::LibraryLoad { .. }
+            | PdfError::WorkerStart { .. } => ApiError::Unavailable(e.to_string()),
             _ => ApiError::bad("file", e.to_string()),
         };
-        let doc = crate::documents::pdf::PdfDocument::open(bytes, name, None).map_err(pdf_error)?;
+        let mut doc = reader.open(bytes.to_vec(), name).map_err(pdf_error)?;
         let selected: Vec<usize> = match ranges {
             Some(r) => r
                 .select(doc.page_count(), name)

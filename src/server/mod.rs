@@ -86,6 +86,8 @@ pub struct AppState {
     pub decode_budget: images::DecodeBudget,
     /// Bounds the memory of request bodies held at once (see [`front::BodyBudget`]).
     pub body_budget: front::BodyBudget,
+    /// Reads uploaded PDFs (in worker processes with time and memory limits).
+    pub pdf: crate::documents::pdf::sandbox::PdfReader,
 }
 
 impl AppState {

@@ -30,25 +30,29 @@ pub const FPDF_ERR_SECURITY: c_ulong = 5;
 /// Render flag: draw annotations (and form fields that carry an appearance stream).
 pub const FPDF_ANNOT: c_int = 0x01;
 
-/// The pdfium functions ocrctl calls (signatures from `fpdfview.h`).
+/// The pdfium functions ocrctl calls (signatures from `fpdfview.h`). They are declared
+/// `C-unwind`: pdfium throws `std::bad_alloc` when an allocation fails, and a C++ exception
+/// crossing a plain `extern "C"` call skips Rust's landing pads (the PDF worker then hung on
+/// the pdfium lock a skipped guard still held instead of aborting).
 pub struct Fns {
-    pub load_mem_document64: unsafe extern "C" fn(*const c_void, usize, *const c_char) -> Handle,
-    pub get_last_error: unsafe extern "C" fn() -> c_ulong,
-    pub get_page_count: unsafe extern "C" fn(Handle) -> c_int,
-    pub load_page: unsafe extern "C" fn(Handle, c_int) -> Handle,
-    pub get_page_width_f: unsafe extern "C" fn(Handle) -> c_float,
-    pub get_page_height_f: unsafe extern "C" fn(Handle) -> c_float,
-    pub bitmap_create: unsafe extern "C" fn(c_int, c_int, c_int) -> Handle,
+    pub load_mem_document64:
+        unsafe extern "C-unwind" fn(*const c_void, usize, *const c_char) -> Handle,
+    pub get_last_error: unsafe extern "C-unwind" fn() -> c_ulong,
+    pub get_page_count: unsafe extern "C-unwind" fn(Handle) -> c_int,
+    pub load_page: unsafe extern "C-unwind" fn(Handle, c_int) -> Handle,
+    pub get_page_width_f: unsafe extern "C-unwind" fn(Handle) -> c_float,
+    pub get_page_height_f: unsafe extern "C-unwind" fn(Handle) -> c_float,
+    pub bitmap_create: unsafe extern "C-unwind" fn(c_int, c_int, c_int) -> Handle,
     /// Returns FPDF_BOOL in current pdfium (void in old releases; the value is ignored).
     pub bitmap_fill_rect:
-        unsafe extern "C" fn(Handle, c_int, c_int, c_int, c_int, c_ulong) -> c_int,
+        unsafe extern "C-unwind" fn(Handle, c_int, c_int, c_int, c_int, c_ulong) -> c_int,
     pub render_page_bitmap:
-        unsafe extern "C" fn(Handle, Handle, c_int, c_int, c_int, c_int, c_int, c_int),
-    pub bitmap_get_buffer: unsafe extern "C" fn(Handle) -> *mut c_void,
-    pub bitmap_get_stride: unsafe extern "C" fn(Handle) -> c_int,
-    pub bitmap_destroy: unsafe extern "C" fn(Handle),
-    pub close_page: unsafe extern "C" fn(Handle),
-    pub close_document: unsafe extern "C" fn(Handle),
+        unsafe extern "C-unwind" fn(Handle, Handle, c_int, c_int, c_int, c_int, c_int, c_int),
+    pub bitmap_get_buffer: unsafe extern "C-unwind" fn(Handle) -> *mut c_void,
+    pub bitmap_get_stride: unsafe extern "C-unwind" fn(Handle) -> c_int,
+    pub bitmap_destroy: unsafe extern "C-unwind" fn(Handle),
+    pub close_page: unsafe extern "C-unwind" fn(Handle),
+    pub close_document: unsafe extern "C-unwind" fn(Handle),
 }
 
 struct Loaded {
@@ -152,7 +156,7 @@ fn load(path: &Path, name: &str) -> Result<Loaded, PdfError> {
         close_page: sym!("FPDF_ClosePage"),
         close_document: sym!("FPDF_CloseDocument"),
     };
-    let init: unsafe extern "C" fn() = sym!("FPDF_InitLibrary");
+    let init: unsafe extern "C-unwind" fn() = sym!("FPDF_InitLibrary");
     // SAFETY: called once, before any other pdfium function, under LOCK.
     unsafe { init() };
     Ok(Loaded { fns, _lib: lib })

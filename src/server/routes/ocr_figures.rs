@@ -8,7 +8,8 @@
 
 use super::ocr_pages::PageResult;
 use super::AppState;
-use crate::documents::pdf::{self, PdfDocument};
+use crate::documents::pdf;
+use crate::documents::pdf::sandbox::{OpenPdf, PdfReader};
 use crate::model::preprocess;
 use crate::output::figures;
 use crate::server::error::ApiError;
@@ -29,8 +30,9 @@ pub(super) async fn crop_results(
         .map(|r| std::mem::take(&mut r.text))
         .collect();
     let max_pixels = st.cfg.max_pixels;
+    let reader = st.pdf.clone();
     let (texts, figs) = tokio::task::spawn_blocking(move || {
-        let figs = crop_pages(&bytes, &name, &numbers, &mut texts, max_pixels);
+        let figs = crop_pages(&reader, &bytes, &name, &numbers, &mut texts, max_pixels);
         (texts, figs)
     })
     .await
@@ -42,16 +44,17 @@ pub(super) async fn crop_results(
 }
 
 /// Rewrites `texts` (one per page read; `numbers` their 1-based page numbers in the upload
-/// `bytes`, named `name`) and returns each page's `figures` array (empty for a page without
-/// boxes).
+/// `bytes`, named `name`, a PDF read by `reader`) and returns each page's `figures` array
+/// (empty for a page without boxes).
 pub fn crop_pages(
+    reader: &PdfReader,
     bytes: &[u8],
     name: &str,
     numbers: &[usize],
     texts: &mut [String],
     max_pixels: u64,
 ) -> Result<Vec<Value>, ApiError> {
-    let mut doc: Option<PdfDocument<'_>> = None;
+    let mut doc: Option<OpenPdf> = None;
     let mut out = Vec::with_capacity(texts.len());
     for (text, &number) in texts.iter_mut().zip(numbers) {
         if !figures::has_figures(text) {
@@ -60,9 +63,9 @@ pub fn crop_pages(
         }
         let page = if pdf::is_pdf(bytes) {
             if doc.is_none() {
-                doc = Some(PdfDocument::open(bytes, name, None).map_err(engine_error)?);
+                doc = Some(reader.open(bytes.to_vec(), name).map_err(engine_error)?);
             }
-            let d = doc.as_ref().expect("opened above");
+            let d = doc.as_mut().expect("opened above");
             d.render_page_full(number - 1, max_pixels)
                 .map_err(engine_error)?
         } else {
@@ -101,6 +104,10 @@ mod tests {
     use super::*;
     use image::{Rgb, RgbImage};
 
+    fn in_process() -> PdfReader {
+        PdfReader::InProcess(None)
+    }
+
     #[test]
     fn an_uploaded_image_gives_its_figure_pixel_exact_as_a_data_url() {
         let mut img = RgbImage::from_pixel(2000, 1500, Rgb([255, 255, 255]));
@@ -111,7 +118,7 @@ mod tests {
         }
         let png = figures::png_bytes(&img).unwrap();
         let mut texts = vec!["A ![image](image_1.png) 250,200,600,800 b".to_string()];
-        let figs = crop_pages(&png, "page.png", &[1], &mut texts, 1 << 30).unwrap();
+        let figs = crop_pages(&in_process(), &png, "page.png", &[1], &mut texts, 1 << 30).unwrap();
         assert_eq!(texts[0], "A ![image](page-1-figure-1.png) b");
         let f = &figs[0][0];
         assert_eq!(f["box"], json!([500, 300, 1200, 1200]));
@@ -127,7 +134,7 @@ mod tests {
         // A page without boxes is neither loaded nor changed.
         let mut plain = vec!["no figures".to_string()];
         assert_eq!(
-            crop_pages(b"", "x", &[1], &mut plain, 1).unwrap(),
+            crop_pages(&in_process(), b"", "x", &[1], &mut plain, 1).unwrap(),
             vec![json!([])]
         );
         assert_eq!(plain[0], "no figures");

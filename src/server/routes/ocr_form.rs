@@ -159,6 +159,7 @@ pub async fn ocr(
             .acquire(cost, &is_alive)
             .ok_or_else(client_gone)?;
         let pages = images::document_pages(
+            &st2.pdf,
             &bytes,
             &name,
             st2.cfg.max_pixels,
