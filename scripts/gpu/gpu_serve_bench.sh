@@ -27,7 +27,8 @@
 # rR = R pages/s), RUNS (3), DURATION (60 s of sending a run), PAGES (none: a cap on pages a
 # run), SCALE / MAX_NEW (none: pass --scale/--max-new), BUDGET_S (540), DRAIN_S (90: allowance
 # per run for the pages in flight when sending stops), PROFILE, PREC, OCRCTL_ARGS, VLLM_ARGS
-# (extra server flags), GPU_UTIL (0.90), CKPT (/opt/lightonocr-2-1b-random), VENV
+# (extra server flags), DECODERS (the export's --decoder list; with paged in it the ocrctl rows
+# are labelled ocrctl-paged and OCRCTL_ARGS should say --decoder paged), GPU_UTIL (0.90), CKPT (/opt/lightonocr-2-1b-random), VENV
 # (/opt/vllmenv), WORKLOAD (benchmarks/workloads/ocr-pages.yaml), DRY_RUN=1 (print what would
 # run, start nothing; works without a GPU).
 set -uo pipefail
@@ -151,11 +152,14 @@ ocrctl_set() {
   local kv=$1 profile prec model pid logf
   profile=${PROFILE:-$([ "$MEM" = full ] && echo 80gb || echo 16gb)}
   prec=${PREC:-$(awk '/^precision:/ {print $2}' "profiles/$profile.yaml")}
-  model=/tmp/sb-model-$prec-$kv
-  logf=$RES/logs/ocrctl-$MEM_LABEL-$kv.log
+  local label=ocrctl dec=()
+  case "${DECODERS:-}" in *paged*) label=ocrctl-paged ;; esac
+  [ -n "${DECODERS:-}" ] && dec=(--decoder "$DECODERS")
+  model=/tmp/sb-model-$prec-$kv${DECODERS:+-${DECODERS//,/-}}
+  logf=$RES/logs/$label-$MEM_LABEL-$kv.log
   if [ ! -f "$model/ocrctl.json" ] && [ "$DRY" != 1 ]; then
     log "export $CKPT -> $model ($prec, KV cache $kv)"
-    $BIN export --checkpoint "$CKPT" --out "$model" --precision "$prec" \
+    $BIN export --checkpoint "$CKPT" --out "$model" --precision "$prec" "${dec[@]}" \
       --kv-cache "$([ "$kv" = fp16 ] && echo auto || echo fp8)" --force > "$RES/logs/export-$prec-$kv.log" 2>&1 \
       || { log "export FAILED:"; tail -20 "$RES/logs/export-$prec-$kv.log"; return 1; }
   fi
@@ -169,7 +173,7 @@ ocrctl_set() {
   start_server "$logf" "${cmd[@]}"
   pid=$SERVER_PID
   wait_health $PORT $pid 600 "$logf" || { stop_server $pid; return 1; }
-  points ocrctl "$kv" "$pid" "profile=$profile" "precision=$prec" "ocrctl_args=${OCRCTL_ARGS:-}"
+  points "$label" "$kv" "$pid" "profile=$profile" "precision=$prec" "ocrctl_args=${OCRCTL_ARGS:-}"
   stop_server $pid
   [ "$DRY" = 1 ] || grep -v "W:onnxruntime" "$logf" | grep -E "loaded|warmed|KV|batch|graph" | head -8
 }

@@ -455,7 +455,8 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run load points against a server")
     r.add_argument("--url", required=True, help="http://HOST:PORT of the server")
-    r.add_argument("--engine", required=True, choices=["ocrctl", "vllm"])
+    # ocrctl-paged: ocrctl with `--decoder paged`, a row of its own beside the GQA decoder's.
+    r.add_argument("--engine", required=True, choices=["ocrctl", "ocrctl-paged", "vllm"])
     r.add_argument("--out", required=True, help="results folder (runs/, occupancy/, summary.*)")
     r.add_argument("--concurrency", help="closed-loop clients, comma-separated")
     r.add_argument("--rate", help="open-loop pages/s, comma-separated, or `workload`")

@@ -200,7 +200,7 @@ def markdown(summary: dict) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = lat_ratio = "–"
-        peer = vllm_peer(rows, r) if r["engine"] == "ocrctl" else None
+        peer = vllm_peer(rows, r) if r["engine"].startswith("ocrctl") else None
         if peer:
             a, b = _med(r["pages_per_s"]), _med(peer["pages_per_s"])
             if a is not None and b:

@@ -43,10 +43,16 @@ pub struct RuntimeArgs {
     /// float, 4 (ONNX Runtime's default) quantizes activations to int8.
     #[arg(long, env = "OCRCTL_ACCURACY_LEVEL", default_value_t = 4, value_parser = clap::value_parser!(u8).range(0..=4))]
     pub accuracy_level: u8,
-    /// Decoder graph to run: `gqa` (KV cache updated in place; the default when the export
-    /// has it) or `merged`.
+    /// Decoder graph to run: `gqa` (a KV slot of max_sequence_length per page, updated in
+    /// place; the default when the export has it), `paged` (CUDA only: KV blocks taken as
+    /// pages grow, from a pool of --kv-cache-gb, so pages in flight follow memory) or
+    /// `merged`.
     #[arg(long, env = "OCRCTL_DECODER", value_parser = parse_decoder)]
     pub decoder: Option<DecoderVariant>,
+    /// GiB of the paged decoder's KV block pool (default: the profile's `kv_cache_gb`, else
+    /// what --batch-size pages of max_sequence_length take).
+    #[arg(long, env = "OCRCTL_KV_CACHE_GB", value_parser = parse_gib)]
+    pub kv_cache_gb: Option<f64>,
     /// Skip checking the export's files against the sha256 digests in its ocrctl.json.
     #[arg(long, env = "OCRCTL_NO_VERIFY")]
     pub no_verify: bool,
@@ -135,6 +141,13 @@ pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     Ok((id, bias))
 }
 
+fn parse_gib(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 => Ok(g),
+        _ => Err(format!("`{s}` is not a positive number of GiB")),
+    }
+}
+
 fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
     DecoderVariant::parse(s).map_err(|e| e.to_string())
 }
@@ -197,6 +210,10 @@ impl RuntimeArgs {
         if let Some(p) = &profile {
             lo.kv_slots = p.max_batch_size.max(1) as usize;
             lo.max_sequence_length = p.max_sequence_length as usize;
+            lo.kv_cache_bytes = (p.kv_cache_gb > 0.0).then_some((p.kv_cache_gb * GIB) as usize);
+        }
+        if let Some(g) = self.kv_cache_gb {
+            lo.kv_cache_bytes = Some((g * GIB) as usize);
         }
         lo.threads = self
             .threads

@@ -37,9 +37,9 @@
 //! [`view::RawView`]).
 
 mod decoder;
-mod graphs;
-mod outputs;
-mod view;
+pub(super) mod graphs;
+pub(super) mod outputs;
+pub(super) mod view;
 
 pub(super) use decoder::{GqaDecoder, GqaLoad};
 
@@ -52,7 +52,7 @@ use ort::value::{
     DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut, ValueType,
 };
 use ort::AsPointer;
-use outputs::{rows_out, to_host, Fetch, LastLogits, LogitsAt, TopOut};
+use outputs::{to_host, LastLogits, LogitsAt};
 use std::sync::{Arc, Mutex};
 
 const PART: &str = graph::DECODER_GQA;
@@ -353,78 +353,20 @@ impl GqaCache {
         // SAFETY: slots first..first+rows lie inside the buffers (asserted above), which
         // outlive the binding and the run; the views are dropped before this returns.
         let views = unsafe { self.bind_slots(&mut b, first, rows) }?;
-        let fetch = Fetch::plan(want, self.has_next_token, self.has_top);
-        let logits_mem = if fetch.full { host } else { &self.kv_mem };
-        b.bind_output_to_device(tensor::LOGITS, logits_mem)
-            .map_err(rt)?;
-        // Outputs the graph has must be bound even when this run does not read them.
-        let out_mem = |fetched: bool| if fetched { host } else { &self.kv_mem };
-        if self.has_next_token {
-            b.bind_output_to_device(tensor::NEXT_TOKEN, out_mem(fetch.argmax))
-                .map_err(rt)?;
-        }
-        if self.has_top {
-            for name in [tensor::TOP_LOGITS, tensor::TOP_IDS] {
-                b.bind_output_to_device(name, out_mem(fetch.top))
-                    .map_err(rt)?;
-            }
-        }
-        if self.has_lse {
-            b.bind_output_to_device(tensor::LOGSUMEXP, out_mem(fetch.top))
-                .map_err(rt)?;
-        }
-        b.synchronize_inputs().map_err(rt)?;
-        let t = std::time::Instant::now();
-        let mut out = match &self.no_graph {
-            Some(o) => decoder.run_binding_with_options(&b, o),
-            None => decoder.run_binding(&b),
-        }
-        .map_err(rt)?;
-        let run_ns = t.elapsed().as_nanos() as u64;
-        let t = std::time::Instant::now();
-        let ex = |e: ort::Error| BackendError::runtime(PART, e);
-        let next = match out.remove(tensor::NEXT_TOKEN) {
-            Some(v) if fetch.argmax => v.try_extract_tensor::<i64>().map_err(ex)?.1.to_vec(),
-            _ => Vec::new(),
+        let extras = outputs::Extras {
+            next_token: self.has_next_token,
+            top: self.has_top,
+            lse: self.has_lse,
         };
-        let (top_v, top_i) = match (out.remove(tensor::TOP_LOGITS), out.remove(tensor::TOP_IDS)) {
-            (Some(v), Some(i)) if fetch.top => {
-                let (shape, v) = v.try_extract_tensor::<f32>().map_err(ex)?;
-                let k = shape[shape.len() - 1] as usize;
-                let i = i.try_extract_tensor::<i64>().map_err(ex)?.1.to_vec();
-                (v.to_vec(), (i, k))
-            }
-            _ => (Vec::new(), (Vec::new(), 0)),
-        };
-        let lse = match out.remove(tensor::LOGSUMEXP) {
-            Some(v) if fetch.top => v.try_extract_tensor::<f32>().map_err(ex)?.1.to_vec(),
-            _ => Vec::new(),
-        };
-        let logits = out
-            .remove(tensor::LOGITS)
-            .ok_or_else(|| BackendError::runtime(PART, "no logits output"))?
-            .downcast::<ort::value::TensorValueType<f32>>()
-            .map_err(ex)?;
-        let vocab = logits.shape()[2] as usize;
-        let data = if fetch.full {
-            Some((logits.extract_tensor().1, vocab))
-        } else {
-            None
-        };
-        let top = fetch.top.then_some(TopOut {
-            values: &top_v,
-            ids: &top_i.0,
-            k: top_i.1,
-            lse: &lse,
-        });
-        let rows_out = rows_out(want, data, &next, top, vocab);
+        let (host, dev) = (host, &self.kv_mem);
+        let opts = self.no_graph.as_ref();
+        let (rows, last, run_ns, read_ns) =
+            outputs::run_and_read(decoder, &mut b, extras, host, dev, want, opts, PART)?;
         // Kept (where the run left them) for a sampling row that needs them after all.
-        self.last = Some(LastLogits::new(LogitsAt::Run(logits), want, vocab));
-        let read_ns = t.elapsed().as_nanos() as u64;
-        drop(out);
+        self.last = Some(last);
         drop(b);
         drop(views);
-        Ok((rows_out, run_ns, read_ns))
+        Ok((rows, run_ns, read_ns))
     }
 
     /// Binds views of slots `first..first + rows` of every KV buffer to `b` as both the past
@@ -505,7 +447,7 @@ impl GqaCache {
 }
 
 /// Binds `value` as input `name` of `b` as is (no copy; see the module documentation).
-fn bind_input_in_place<T: PrimitiveTensorElementType + std::fmt::Debug>(
+pub(super) fn bind_input_in_place<T: PrimitiveTensorElementType + std::fmt::Debug>(
     b: &mut IoBinding,
     name: &std::ffi::CStr,
     value: &TensorRefMut<'_, T>,

@@ -23,13 +23,14 @@ pub struct OrtCache {
     pub(super) held: Held,
 }
 
-/// Where a sequence's KV values are: one variant per decoder path (a paged path adds its
-/// block table here).
+/// Where a sequence's KV values are: one variant per decoder path.
 pub(super) enum Held {
     /// The merged decoder's: `present.*` values from the last step.
     Merged(MergedKv),
     /// The GQA decoder's: the slot of the model's KV cache this sequence owns (freed on drop).
     Slot(super::gqa::Slot),
+    /// The paged decoder's: the blocks of its pool this sequence owns (freed on drop).
+    Blocks(super::paged::Blocks),
 }
 
 /// A sequence's values on the merged path. After a batch step its rows live in the model's
@@ -66,13 +67,29 @@ impl OrtCache {
         }
     }
 
+    /// A new sequence's cache in blocks of the model's paged pool (none taken yet).
+    pub(super) fn in_blocks(blocks: super::paged::Blocks) -> OrtCache {
+        OrtCache {
+            len: 0,
+            held: Held::Blocks(blocks),
+        }
+    }
+
+    /// The paged path's blocks (`None` on the other paths).
+    pub(super) fn blocks_mut(&mut self) -> Option<&mut super::paged::Blocks> {
+        match &mut self.held {
+            Held::Blocks(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// The merged path's values and the length, or an error naming the path that made
     /// this cache.
     pub(super) fn into_merged(self) -> Result<(MergedKv, usize), BackendError> {
         match self.held {
             Held::Merged(m) => Ok((m, self.len)),
-            Held::Slot(_) => Err(BackendError::Invalid(
-                "a KV cache made by the GQA decoder reached the merged decoder".into(),
+            Held::Slot(_) | Held::Blocks(_) => Err(BackendError::Invalid(
+                "a KV cache made by another decoder path reached the merged decoder".into(),
             )),
         }
     }
@@ -81,7 +98,7 @@ impl OrtCache {
     pub(super) fn slot(&self) -> Option<usize> {
         match &self.held {
             Held::Slot(s) => Some(s.index),
-            Held::Merged(_) => None,
+            Held::Merged(_) | Held::Blocks(_) => None,
         }
     }
 }

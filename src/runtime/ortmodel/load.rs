@@ -3,6 +3,7 @@
 //! loads its own cache, CUDA graphs and prefill stage, `gqa::GqaDecoder::load`).
 
 use super::merged::MergedDecoder;
+use super::paged;
 use super::*;
 use ocrctl_exporters::graph::GraphInfo;
 use ort::value::TensorElementType;
@@ -69,10 +70,30 @@ impl OrtModel {
                 stats.kv_location = Some(placement.kv_at());
                 DecoderPath::Gqa(g)
             }
-            // (A paged decoder was refused by `choose_variant`.)
-            DecoderVariant::Merged | DecoderVariant::Paged => DecoderPath::Merged(
-                MergedDecoder::new(&env, (decoder.session, provider), opts, act, &placement, t),
-            ),
+            DecoderVariant::Paged => {
+                let built = (decoder.session, provider);
+                let kv = placement.kv.clone();
+                let p = paged::PagedDecoder::load(
+                    &decoder_path,
+                    built,
+                    opts,
+                    t,
+                    kv,
+                    graphs_on,
+                    &mut embed,
+                    &mut gpu,
+                )?;
+                stats.kv_location = Some(placement.kv_at());
+                DecoderPath::Paged(p)
+            }
+            DecoderVariant::Merged => DecoderPath::Merged(MergedDecoder::new(
+                &env,
+                (decoder.session, provider),
+                opts,
+                act,
+                &placement,
+                t,
+            )),
         };
         let vision = Vision::new(vision.session, vision.provider, opts.providers.device_id);
         Ok(OrtModel {
@@ -128,8 +149,7 @@ fn environment(dir: &Path, opts: &LoadOptions) -> Result<ort::environment::Envir
 }
 
 /// The decoder graph a load runs: the one `opts` names, else `gqa` when the export has it
-/// (`has`), else `merged`. The paged decoder is refused: ocrctl does not run it yet (its
-/// place is documented in `super::path`).
+/// (`has`), else `merged`, else `paged` (which runs on CUDA only).
 fn choose_variant(
     dir: &Path,
     opts: &LoadOptions,
@@ -139,16 +159,7 @@ fn choose_variant(
         path: dir.join(MANIFEST_NAME),
         message,
     };
-    let paged_refused = || {
-        refused(format!(
-            "the paged decoder ({}) is exported to be checked on a GPU \
-             (scripts/check_paged.py); ocrctl does not run it yet: export and run \
-             --decoder gqa (or merged)",
-            graph::DECODER_PAGED
-        ))
-    };
     match opts.decoder {
-        Some(DecoderVariant::Paged) => Err(paged_refused()),
         Some(v) if !has(v) => Err(refused(format!(
             "the {} decoder was not exported for {} (export with --decoder {})",
             v.part(),
@@ -157,14 +168,16 @@ fn choose_variant(
         ))),
         Some(v) => Ok(v),
         None if has(DecoderVariant::Gqa) => Ok(DecoderVariant::Gqa),
-        None if !has(DecoderVariant::Merged) && has(DecoderVariant::Paged) => Err(paged_refused()),
+        None if !has(DecoderVariant::Merged) && has(DecoderVariant::Paged) => {
+            Ok(DecoderVariant::Paged)
+        }
         None => Ok(DecoderVariant::Merged),
     }
 }
 
 /// The decoder's session, and whether CUDA graphs are enabled on it. ONNX Runtime refuses
-/// graph capture for a session with nodes outside the CUDA provider; a GQA decoder then runs
-/// uncaptured rather than not at all.
+/// graph capture for a session with nodes outside the CUDA provider; a GQA or paged decoder
+/// then runs uncaptured rather than not at all.
 fn build_decoder(
     env: &ort::environment::Environment,
     path: &Path,
@@ -173,7 +186,7 @@ fn build_decoder(
     tweaks: session::Tweaks<'_>,
 ) -> Result<(session::Built, bool), LoadError> {
     match session::build(env, path, opts, tweaks) {
-        Err(e) if opts.providers.cuda.cuda_graphs && variant == DecoderVariant::Gqa => {
+        Err(e) if opts.providers.cuda.cuda_graphs && variant != DecoderVariant::Merged => {
             tracing::warn!("CUDA graphs unavailable ({e}); decode steps run without them");
             let mut plain = opts.clone();
             plain.providers.cuda.cuda_graphs = false;

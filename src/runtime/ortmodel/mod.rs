@@ -29,6 +29,7 @@ mod gqa;
 mod kv;
 mod load;
 mod merged;
+mod paged;
 mod path;
 mod repack;
 mod session;
@@ -77,9 +78,14 @@ pub struct LoadOptions {
     pub decoder: Option<DecoderVariant>,
     /// Sequences the GQA decoder's KV cache holds at once (the batch size).
     pub kv_slots: usize,
-    /// Positions per sequence in the GQA decoder's KV cache; 0 = the model's
-    /// `max_position_embeddings`, at most 8192.
+    /// Positions per sequence in the GQA decoder's KV cache (the most one sequence may hold
+    /// in the paged decoder's); 0 = the model's `max_position_embeddings`, at most 8192.
     pub max_sequence_length: usize,
+    /// Bytes of the paged decoder's block pool (a profile's `kv_cache_gb`); `None` = what
+    /// `kv_slots` sequences of `max_sequence_length` take.
+    pub kv_cache_bytes: Option<usize>,
+    /// Positions per block of the paged decoder's pool (0 = 128).
+    pub kv_block_size: usize,
     /// Offer the vision encoder to a vision stage (on a GPU): pages' images are encoded on
     /// a thread of their own while the decoder steps (see [`crate::generation::vision`]).
     pub vision_stage: bool,
@@ -106,6 +112,8 @@ impl LoadOptions {
             decoder: None,
             kv_slots: 1,
             max_sequence_length: 0,
+            kv_cache_bytes: None,
+            kv_block_size: 0,
             vision_stage: true,
             prefill_stage: false,
             stages_on_cpu: false,
@@ -183,11 +191,15 @@ impl OrtModel {
         self.path.gqa().map(|g| (g.cache.slots, g.cache.max_seq))
     }
 
-    /// Bytes of the GQA decoder's KV cache (`None` on the merged decoder): slots × positions
-    /// × layers × 2 × KV heads × head_dim × the graph's cache element size (one byte for an
-    /// `--kv-cache fp8|int8` export).
+    /// Bytes of the GQA decoder's KV cache or the paged decoder's block pool (`None` on the
+    /// merged decoder): positions × layers × 2 × KV heads × head_dim × the graph's cache
+    /// element size (one byte for an `--kv-cache fp8|int8` export).
     pub fn kv_cache_bytes(&self) -> Option<usize> {
-        self.path.gqa().map(|g| g.cache.bytes())
+        match &self.path {
+            DecoderPath::Gqa(g) => Some(g.cache.bytes()),
+            DecoderPath::Paged(p) => Some(p.pool_bytes()),
+            DecoderPath::Merged(_) => None,
+        }
     }
 
     /// The execution provider the decoder session got (after any fallback).
@@ -289,7 +301,7 @@ impl Backend for OrtModel {
     fn reserve(&mut self, positions: usize) -> Option<OrtCache> {
         match &mut self.path {
             DecoderPath::Gqa(g) => g.reserve(positions),
-            DecoderPath::Merged(_) => None,
+            DecoderPath::Merged(_) | DecoderPath::Paged(_) => None,
         }
     }
 

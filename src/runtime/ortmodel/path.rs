@@ -10,15 +10,14 @@
 //!   sequence in buffers allocated once and updated in place ([`KvCapacity::Slots`]); the only
 //!   path with sequences to reserve for a prefill stage and with device-side token choice.
 //!
-//! The paged decoder (`decoder_paged`: a pool of fixed-size blocks handed to sequences as
-//! they grow, answering [`KvCapacity::Blocks`], which the engine's admission already asks)
-//! goes here as a third variant, `Paged`, implementing [`Decoder`] over its own block table,
-//! and `load` then builds it where it refuses that graph today.
+//! - [`PagedDecoder`] (`decoder_paged`, CUDA only): a pool of fixed-size blocks handed to
+//!   sequences as they grow ([`KvCapacity::Blocks`]), so pages in flight follow memory.
 //!
 //! [`Backend`]: crate::runtime::backend::Backend
 
 use super::gqa::GqaDecoder;
 use super::merged::MergedDecoder;
+use super::paged::PagedDecoder;
 use super::{Common, OrtCache};
 use crate::runtime::backend::{BackendError, BatchLogits, KvCapacity, RowNeed, StepLogits};
 use ndarray::Array2;
@@ -66,6 +65,7 @@ pub(super) trait Decoder {
 pub(super) enum DecoderPath {
     Merged(MergedDecoder),
     Gqa(GqaDecoder),
+    Paged(PagedDecoder),
 }
 
 impl DecoderPath {
@@ -73,6 +73,7 @@ impl DecoderPath {
         match self {
             DecoderPath::Merged(d) => d,
             DecoderPath::Gqa(d) => d,
+            DecoderPath::Paged(d) => d,
         }
     }
 
@@ -80,6 +81,7 @@ impl DecoderPath {
         match self {
             DecoderPath::Merged(d) => d,
             DecoderPath::Gqa(d) => d,
+            DecoderPath::Paged(d) => d,
         }
     }
 
@@ -87,7 +89,7 @@ impl DecoderPath {
     pub fn gqa(&self) -> Option<&GqaDecoder> {
         match self {
             DecoderPath::Gqa(d) => Some(d),
-            DecoderPath::Merged(_) => None,
+            DecoderPath::Merged(_) | DecoderPath::Paged(_) => None,
         }
     }
 }

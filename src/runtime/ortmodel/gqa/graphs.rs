@@ -29,7 +29,7 @@
 //! any sequence exists, each run [`CAPTURE_RUNS`] times while no other thread of the process
 //! touches the GPU (`super::super::capture`).
 
-use super::outputs::{rows_out, Fetch, LastLogits, LogitsAt, TopOut};
+use super::outputs::{LastLogits, LogitsAt, StepOutputs};
 use super::{bind_input_in_place, GqaCache, PART};
 use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
 use half::f16;
@@ -57,12 +57,8 @@ struct Bucket {
     opts: RunOptions<NoSelectedOutputs>,
     embeds: DynTensor,
     seqlens: Tensor<i32>,
-    logits: Tensor<f32>,
-    next: Option<Tensor<i64>>,
-    host_logits: Tensor<f32>,
-    host_next: Option<Tensor<i64>>,
-    /// The sampling candidates, when the graph has them.
-    top: Option<Candidates>,
+    /// Logits, argmax and candidates, where the replay writes them.
+    out: StepOutputs,
     /// The KV views bound as past inputs (bound by pointer: they must outlive the binding).
     _past: Vec<Box<dyn std::any::Any + Send>>,
 }
@@ -70,18 +66,8 @@ struct Bucket {
 impl DecodeGraphs {
     /// The fixed logits buffer of bucket `i`.
     pub fn bucket_logits(&self, i: usize) -> &Tensor<f32> {
-        &self.buckets[i].logits
+        &self.buckets[i].out.logits
     }
-}
-
-/// A bucket's `top_logits`/`top_ids` (and `logsumexp`, when the graph has it) buffers on
-/// the device and their host copies.
-struct Candidates {
-    values: Tensor<f32>,
-    ids: Tensor<i64>,
-    host_values: Tensor<f32>,
-    host_ids: Tensor<i64>,
-    lse: Option<(Tensor<f32>, Tensor<f32>)>,
 }
 
 /// Bucket sizes for `slots` sequences: powers of two below it, then `slots`.
@@ -113,7 +99,11 @@ impl GqaCache {
         no_graph.set("gpu_graph_id", "-1").map_err(rt)?;
         self.no_graph = Some(no_graph);
         let alloc = Allocator::new(decoder, self.kv_mem.clone()).map_err(rt)?;
-        let host = Allocator::default();
+        let extras = super::outputs::Extras {
+            next_token: self.has_next_token,
+            top: self.has_top,
+            lse: self.has_lse,
+        };
         let act = crate::runtime::ortmodel::tensors::element_type(self.elem);
         let mut buckets = Vec::new();
         for (i, rows) in bucket_sizes(self.slots).into_iter().enumerate() {
@@ -126,33 +116,9 @@ impl GqaCache {
                 opts,
                 embeds: DynTensor::new(&alloc, act, [r, 1, hidden as i64]).map_err(rt)?,
                 seqlens: Tensor::new(&alloc, [rows]).map_err(rt)?,
-                logits: Tensor::new(&alloc, [r, 1, vocab as i64]).map_err(rt)?,
-                next: None,
-                host_logits: Tensor::new(&host, [r, 1, vocab as i64]).map_err(rt)?,
-                host_next: None,
-                top: None,
+                out: StepOutputs::new(&alloc, rows, vocab, extras, PART)?,
                 _past: Vec::new(),
             };
-            if self.has_next_token {
-                b.next = Some(Tensor::new(&alloc, [r, 1]).map_err(rt)?);
-                b.host_next = Some(Tensor::new(&host, [r, 1]).map_err(rt)?);
-            }
-            if self.has_top {
-                let k = tensor::SAMPLING_CANDIDATES.min(vocab) as i64;
-                b.top = Some(Candidates {
-                    values: Tensor::new(&alloc, [r, 1, k]).map_err(rt)?,
-                    ids: Tensor::new(&alloc, [r, 1, k]).map_err(rt)?,
-                    host_values: Tensor::new(&host, [r, 1, k]).map_err(rt)?,
-                    host_ids: Tensor::new(&host, [r, 1, k]).map_err(rt)?,
-                    lse: match self.has_lse {
-                        true => Some((
-                            Tensor::new(&alloc, [r, 1]).map_err(rt)?,
-                            Tensor::new(&host, [r, 1]).map_err(rt)?,
-                        )),
-                        false => None,
-                    },
-                });
-            }
             match self.elem {
                 DType::F16 => self.bind_bucket::<f16>(&mut b, hidden)?,
                 _ => self.bind_bucket::<f32>(&mut b, hidden)?,
@@ -225,61 +191,7 @@ impl GqaCache {
         b.binding
             .bind_input(tensor::TOTAL_SEQUENCE_LENGTH, &total)
             .map_err(rt)?;
-        let logits = unsafe {
-            TensorRefMut::<f32>::from_raw(
-                self.kv_mem.clone(),
-                b.logits.data_ptr_mut().cast(),
-                b.logits.shape().to_vec().into(),
-            )
-        }
-        .map_err(rt)?;
-        b.binding.bind_output(tensor::LOGITS, logits).map_err(rt)?;
-        if let Some(next) = b.next.as_mut() {
-            let view = unsafe {
-                TensorRefMut::<i64>::from_raw(
-                    self.kv_mem.clone(),
-                    next.data_ptr_mut().cast(),
-                    next.shape().to_vec().into(),
-                )
-            }
-            .map_err(rt)?;
-            b.binding
-                .bind_output(tensor::NEXT_TOKEN, view)
-                .map_err(rt)?;
-        }
-        if let Some(top) = b.top.as_mut() {
-            let values = unsafe {
-                TensorRefMut::<f32>::from_raw(
-                    self.kv_mem.clone(),
-                    top.values.data_ptr_mut().cast(),
-                    top.values.shape().to_vec().into(),
-                )
-            }
-            .map_err(rt)?;
-            b.binding
-                .bind_output(tensor::TOP_LOGITS, values)
-                .map_err(rt)?;
-            let ids = unsafe {
-                TensorRefMut::<i64>::from_raw(
-                    self.kv_mem.clone(),
-                    top.ids.data_ptr_mut().cast(),
-                    top.ids.shape().to_vec().into(),
-                )
-            }
-            .map_err(rt)?;
-            b.binding.bind_output(tensor::TOP_IDS, ids).map_err(rt)?;
-            if let Some((lse, _)) = top.lse.as_mut() {
-                let view = unsafe {
-                    TensorRefMut::<f32>::from_raw(
-                        self.kv_mem.clone(),
-                        lse.data_ptr_mut().cast(),
-                        lse.shape().to_vec().into(),
-                    )
-                }
-                .map_err(rt)?;
-                b.binding.bind_output(tensor::LOGSUMEXP, view).map_err(rt)?;
-            }
-        }
+        b.out.bind(&mut b.binding, &self.kv_mem, PART)?;
         Ok(())
     }
 
@@ -342,22 +254,9 @@ impl GqaCache {
         let mut all_ids: Vec<i64> = ids.iter().map(|t| *t as i64).collect();
         all_ids.resize(rows, 0);
 
-        // The new tokens' embeddings, written by the embedding session into the bucket's
-        // tensor; then seqlens_k (each row's length after the step, minus one).
-        let ids_t = Tensor::from_array(([rows, 1], all_ids)).map_err(rt)?;
-        let mut eb = embed.create_binding().map_err(rt)?;
-        eb.bind_input(tensor::INPUT_IDS, &ids_t).map_err(rt)?;
-        let view = unsafe {
-            TensorRefMut::<T>::from_raw(
-                kv_mem.clone(),
-                b.embeds.data_ptr_mut().cast(),
-                vec![rows as i64, 1, hidden as i64].into(),
-            )
-        }
-        .map_err(rt)?;
-        eb.bind_output(tensor::INPUTS_EMBEDS, view).map_err(rt)?;
-        drop(embed.run_binding(&eb).map_err(rt)?);
-        drop(eb);
+        // The new tokens' embeddings into the bucket's tensor; then seqlens_k (each row's
+        // length after the step, minus one).
+        embed_into::<T>(embed, all_ids, &mut b.embeds, &kv_mem, hidden)?;
         let seqlens: Vec<i32> = all_lens.iter().map(|l| *l as i32).collect();
         let host_seqlens = Tensor::from_array(([rows], seqlens)).map_err(rt)?;
         host_seqlens.copy_into(&mut b.seqlens).map_err(rt)?;
@@ -371,43 +270,42 @@ impl GqaCache {
         let run_ns = t.elapsed().as_nanos() as u64;
 
         let t = std::time::Instant::now();
-        let fetch = Fetch::plan(want, b.next.is_some(), b.top.is_some());
-        if fetch.full {
-            b.logits.copy_into(&mut b.host_logits).map_err(rt)?;
-        }
-        let next: Vec<i64> = match (&b.next, &mut b.host_next) {
-            (Some(dev), Some(host)) if fetch.argmax => {
-                dev.copy_into(&mut *host).map_err(rt)?;
-                host.extract_tensor().1.to_vec()
-            }
-            _ => Vec::new(),
-        };
-        if let Some(top) = b.top.as_mut().filter(|_| fetch.top) {
-            top.values.copy_into(&mut top.host_values).map_err(rt)?;
-            top.ids.copy_into(&mut top.host_ids).map_err(rt)?;
-            if let Some((dev, host)) = top.lse.as_mut() {
-                dev.copy_into(host).map_err(rt)?;
-            }
-        }
-        let top = b.top.as_ref().filter(|_| fetch.top).map(|c| {
-            let (shape, values) = c.host_values.extract_tensor();
-            TopOut {
-                values,
-                ids: c.host_ids.extract_tensor().1,
-                k: shape[2] as usize,
-                lse: c
-                    .lse
-                    .as_ref()
-                    .map_or(&[][..], |(_, h)| h.extract_tensor().1),
-            }
-        });
-        let (shape, data) = b.host_logits.extract_tensor();
-        let vocab = shape[2] as usize;
-        let logits = fetch.full.then_some((data, vocab));
-        let out = rows_out(want, logits, &next, top, vocab);
+        let out = b.out.read(want, PART)?;
+        let vocab = b.out.logits.shape()[2] as usize;
         self.last = Some(LastLogits::new(LogitsAt::Bucket(index), want, vocab));
         Ok((out, run_ns, t.elapsed().as_nanos() as u64))
     }
+}
+
+/// Writes the embeddings of `ids` (one token per row) into `dst`, a bucket's
+/// `rows × hidden` values of the activation type `T` in `mem`, with the embedding session.
+pub(in crate::runtime::ortmodel) fn embed_into<T>(
+    embed: &mut Session,
+    ids: Vec<i64>,
+    dst: &mut DynTensor,
+    mem: &ort::memory::MemoryInfo<'static>,
+    hidden: usize,
+) -> Result<(), BackendError>
+where
+    T: PrimitiveTensorElementType + std::fmt::Debug + 'static,
+{
+    let rt = |e: ort::Error| BackendError::runtime(PART, e);
+    let rows = ids.len();
+    let ids_t = Tensor::from_array(([rows, 1], ids)).map_err(rt)?;
+    let mut eb = embed.create_binding().map_err(rt)?;
+    eb.bind_input(tensor::INPUT_IDS, &ids_t).map_err(rt)?;
+    // SAFETY: `dst` holds `rows × hidden` values of `T` and outlives the run below.
+    let view = unsafe {
+        TensorRefMut::<T>::from_raw(
+            mem.clone(),
+            dst.data_ptr_mut().cast(),
+            vec![rows as i64, 1, hidden as i64].into(),
+        )
+    }
+    .map_err(rt)?;
+    eb.bind_output(tensor::INPUTS_EMBEDS, view).map_err(rt)?;
+    drop(embed.run_binding(&eb).map_err(rt)?);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -9,8 +9,118 @@
 
 use super::PART;
 use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
-use ort::memory::Allocator;
+use ocrctl_exporters::contract::tensor;
+use ort::memory::{Allocator, MemoryInfo};
+use ort::session::{IoBinding, RunOptions, Session};
 use ort::value::Tensor;
+
+/// The optional outputs a decoder graph has beside `logits` (exports before 2026-12-03
+/// lack `logsumexp`; the merged decoder has none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::runtime::ortmodel) struct Extras {
+    /// `next_token`, the device's argmax.
+    pub next_token: bool,
+    /// `top_logits` and `top_ids`, the sampling candidates.
+    pub top: bool,
+    /// `logsumexp`, the rows' log-normalisers.
+    pub lse: bool,
+}
+
+impl Extras {
+    /// The outputs `decoder` has.
+    pub fn of(decoder: &Session) -> Extras {
+        let has = |name: &str| decoder.outputs().iter().any(|o| o.name() == name);
+        Extras {
+            next_token: has(tensor::NEXT_TOKEN),
+            top: has(tensor::TOP_LOGITS),
+            lse: has(tensor::LOGSUMEXP),
+        }
+    }
+}
+
+/// What [`run_and_read`] returns: each wanted row's output, where the run left its logits,
+/// and the nanoseconds of the run and of reading its results.
+pub(in crate::runtime::ortmodel) type RunRead = (Vec<StepLogits>, LastLogits, u64, u64);
+
+/// Binds the outputs of `b` beside the caller's inputs (those this run reads to `host`
+/// memory, the rest to `device` memory, where they stay), runs it (with `opts` when given)
+/// and reads each row of `want` (index into the run's rows, what it needs). The logits stay
+/// where the run left them for [`LastLogits`]. `part` names the graph in errors.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::runtime::ortmodel) fn run_and_read(
+    decoder: &mut Session,
+    b: &mut IoBinding,
+    extras: Extras,
+    host: &MemoryInfo<'static>,
+    device: &MemoryInfo<'static>,
+    want: &[(usize, RowNeed)],
+    opts: Option<&RunOptions>,
+    part: &str,
+) -> Result<RunRead, BackendError> {
+    let rt = |e: ort::Error| BackendError::runtime(part, e);
+    let fetch = Fetch::plan(want, extras.next_token, extras.top);
+    let logits_mem = if fetch.full { host } else { device };
+    b.bind_output_to_device(tensor::LOGITS, logits_mem)
+        .map_err(rt)?;
+    // Outputs the graph has must be bound even when this run does not read them.
+    let out_mem = |fetched: bool| if fetched { host } else { device };
+    if extras.next_token {
+        b.bind_output_to_device(tensor::NEXT_TOKEN, out_mem(fetch.argmax))
+            .map_err(rt)?;
+    }
+    if extras.top {
+        for name in [tensor::TOP_LOGITS, tensor::TOP_IDS] {
+            b.bind_output_to_device(name, out_mem(fetch.top))
+                .map_err(rt)?;
+        }
+    }
+    if extras.lse {
+        b.bind_output_to_device(tensor::LOGSUMEXP, out_mem(fetch.top))
+            .map_err(rt)?;
+    }
+    b.synchronize_inputs().map_err(rt)?;
+    let t = std::time::Instant::now();
+    let mut out = match opts {
+        Some(o) => decoder.run_binding_with_options(b, o),
+        None => decoder.run_binding(b),
+    }
+    .map_err(rt)?;
+    let run_ns = t.elapsed().as_nanos() as u64;
+    let t = std::time::Instant::now();
+    let next = match out.remove(tensor::NEXT_TOKEN) {
+        Some(v) if fetch.argmax => v.try_extract_tensor::<i64>().map_err(rt)?.1.to_vec(),
+        _ => Vec::new(),
+    };
+    let (top_v, top_i) = match (out.remove(tensor::TOP_LOGITS), out.remove(tensor::TOP_IDS)) {
+        (Some(v), Some(i)) if fetch.top => {
+            let (shape, v) = v.try_extract_tensor::<f32>().map_err(rt)?;
+            let k = shape[shape.len() - 1] as usize;
+            let i = i.try_extract_tensor::<i64>().map_err(rt)?.1.to_vec();
+            (v.to_vec(), (i, k))
+        }
+        _ => (Vec::new(), (Vec::new(), 0)),
+    };
+    let lse = match out.remove(tensor::LOGSUMEXP) {
+        Some(v) if fetch.top => v.try_extract_tensor::<f32>().map_err(rt)?.1.to_vec(),
+        _ => Vec::new(),
+    };
+    let logits = out
+        .remove(tensor::LOGITS)
+        .ok_or_else(|| BackendError::runtime(part, "no logits output"))?
+        .downcast::<ort::value::TensorValueType<f32>>()
+        .map_err(rt)?;
+    let vocab = logits.shape()[2] as usize;
+    let data = fetch.full.then(|| (logits.extract_tensor().1, vocab));
+    let top = fetch.top.then_some(TopOut {
+        values: &top_v,
+        ids: &top_i.0,
+        k: top_i.1,
+        lse: &lse,
+    });
+    let rows = rows_out(want, data, &next, top, vocab);
+    let last = LastLogits::new(LogitsAt::Run(logits), want, vocab);
+    Ok((rows, last, run_ns, t.elapsed().as_nanos() as u64))
+}
 
 /// Which outputs of a run are copied to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +224,157 @@ pub(in crate::runtime::ortmodel) fn to_host(
     let mut t = Tensor::<f32>::new(&Allocator::default(), shape).map_err(rt)?;
     logits.copy_into(&mut t).map_err(rt)?;
     Ok(t.extract_tensor().1.to_vec())
+}
+
+/// The fixed output buffers of a CUDA-graph bucket of `rows` (a replay writes where the
+/// capture did) and their host copies: `logits`, and `next_token`, the candidates and
+/// `logsumexp` when the graph has them.
+pub(in crate::runtime::ortmodel) struct StepOutputs {
+    pub logits: Tensor<f32>,
+    host_logits: Tensor<f32>,
+    next: Option<(Tensor<i64>, Tensor<i64>)>,
+    top: Option<Candidates>,
+}
+
+/// A bucket's `top_logits`/`top_ids` (and `logsumexp`) buffers and their host copies.
+struct Candidates {
+    values: (Tensor<f32>, Tensor<f32>),
+    ids: (Tensor<i64>, Tensor<i64>),
+    lse: Option<(Tensor<f32>, Tensor<f32>)>,
+}
+
+impl StepOutputs {
+    /// Buffers for `rows` rows of `vocab` logits in `alloc`'s memory, host copies beside.
+    pub fn new(
+        alloc: &Allocator,
+        rows: usize,
+        vocab: usize,
+        extras: Extras,
+        part: &str,
+    ) -> Result<StepOutputs, BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(part, e);
+        let host = Allocator::default();
+        let r = rows as i64;
+        let pair_f = |shape: Vec<i64>| -> Result<(Tensor<f32>, Tensor<f32>), BackendError> {
+            Ok((
+                Tensor::new(alloc, shape.clone()).map_err(rt)?,
+                Tensor::new(&host, shape).map_err(rt)?,
+            ))
+        };
+        let pair_i = |shape: Vec<i64>| -> Result<(Tensor<i64>, Tensor<i64>), BackendError> {
+            Ok((
+                Tensor::new(alloc, shape.clone()).map_err(rt)?,
+                Tensor::new(&host, shape).map_err(rt)?,
+            ))
+        };
+        let (logits, host_logits) = pair_f(vec![r, 1, vocab as i64])?;
+        let k = tensor::SAMPLING_CANDIDATES.min(vocab) as i64;
+        Ok(StepOutputs {
+            logits,
+            host_logits,
+            next: extras.next_token.then(|| pair_i(vec![r, 1])).transpose()?,
+            top: match extras.top {
+                true => Some(Candidates {
+                    values: pair_f(vec![r, 1, k])?,
+                    ids: pair_i(vec![r, 1, k])?,
+                    lse: extras.lse.then(|| pair_f(vec![r, 1])).transpose()?,
+                }),
+                false => None,
+            },
+        })
+    }
+
+    /// Binds the device buffers (in `mem`) as the outputs of `b`.
+    pub fn bind(
+        &mut self,
+        b: &mut IoBinding,
+        mem: &MemoryInfo<'static>,
+        part: &str,
+    ) -> Result<(), BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(part, e);
+        b.bind_output(tensor::LOGITS, view(&mut self.logits, mem, part)?)
+            .map_err(rt)?;
+        if let Some((dev, _)) = self.next.as_mut() {
+            b.bind_output(tensor::NEXT_TOKEN, view(dev, mem, part)?)
+                .map_err(rt)?;
+        }
+        if let Some(top) = self.top.as_mut() {
+            b.bind_output(tensor::TOP_LOGITS, view(&mut top.values.0, mem, part)?)
+                .map_err(rt)?;
+            b.bind_output(tensor::TOP_IDS, view(&mut top.ids.0, mem, part)?)
+                .map_err(rt)?;
+            if let Some((dev, _)) = top.lse.as_mut() {
+                b.bind_output(tensor::LOGSUMEXP, view(dev, mem, part)?)
+                    .map_err(rt)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies what `want` needs of the last replay to the host and hands each row its part.
+    pub fn read(
+        &mut self,
+        want: &[(usize, RowNeed)],
+        part: &str,
+    ) -> Result<Vec<StepLogits>, BackendError> {
+        let rt = |e: ort::Error| BackendError::runtime(part, e);
+        let fetch = Fetch::plan(want, self.next.is_some(), self.top.is_some());
+        if fetch.full {
+            self.logits.copy_into(&mut self.host_logits).map_err(rt)?;
+        }
+        let next: Vec<i64> = match self.next.as_mut() {
+            Some((dev, host)) if fetch.argmax => {
+                dev.copy_into(&mut *host).map_err(rt)?;
+                host.extract_tensor().1.to_vec()
+            }
+            _ => Vec::new(),
+        };
+        if let Some(top) = self.top.as_mut().filter(|_| fetch.top) {
+            top.values.0.copy_into(&mut top.values.1).map_err(rt)?;
+            top.ids.0.copy_into(&mut top.ids.1).map_err(rt)?;
+            if let Some((dev, host)) = top.lse.as_mut() {
+                dev.copy_into(host).map_err(rt)?;
+            }
+        }
+        let top = self.top.as_ref().filter(|_| fetch.top).map(|c| {
+            let (shape, values) = c.values.1.extract_tensor();
+            TopOut {
+                values,
+                ids: c.ids.1.extract_tensor().1,
+                k: shape[2] as usize,
+                lse: c
+                    .lse
+                    .as_ref()
+                    .map_or(&[][..], |(_, h)| h.extract_tensor().1),
+            }
+        });
+        let (shape, data) = self.host_logits.extract_tensor();
+        let vocab = shape[2] as usize;
+        Ok(rows_out(
+            want,
+            fetch.full.then_some((data, vocab)),
+            &next,
+            top,
+            vocab,
+        ))
+    }
+}
+
+/// A view of `t`'s memory (in `mem`) to bind as an output: a replay writes into `t` itself.
+fn view<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug>(
+    t: &mut Tensor<T>,
+    mem: &MemoryInfo<'static>,
+    part: &str,
+) -> Result<ort::value::TensorRefMut<'static, T>, BackendError> {
+    // SAFETY: `t` lives in its bucket as long as the binding this view is bound to.
+    unsafe {
+        ort::value::TensorRefMut::<T>::from_raw(
+            mem.clone(),
+            t.data_ptr_mut().cast(),
+            t.shape().to_vec().into(),
+        )
+    }
+    .map_err(|e| BackendError::runtime(part, e))
 }
 
 #[cfg(test)]
