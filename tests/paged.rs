@@ -100,7 +100,7 @@ fn the_paged_decoder_is_refused_where_it_cannot_run() {
         ],
     );
     assert!(err.contains("--target ort"), "{err}");
-    // An export with only the paged decoder: ocr says ocrctl does not run it yet.
+    // An export with only the paged decoder, on the CPU: ocr says it runs on CUDA only.
     let out = dir.path().join("paged");
     export_fixture(&out, &["--precision", "fp16", "--decoder", "paged"]);
     let image = fixture().join("images").join("photo.jpg");
@@ -113,7 +113,9 @@ fn the_paged_decoder_is_refused_where_it_cannot_run() {
         image.to_str().unwrap(),
     ]);
     assert!(
-        err.contains("decoder_model_paged") && err.contains("--decoder gqa"),
+        err.contains("decoder_model_paged")
+            && err.contains("CUDA provider only")
+            && err.contains("--decoder gqa"),
         "{err}"
     );
 }

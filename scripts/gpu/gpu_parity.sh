@@ -9,6 +9,9 @@
 # the fixture's near-ties now and then. The images are the reference's own
 # (scripts/gpu/golden_images.py: the JPEG as Pillow decoded it, since ocrctl's decode differs by up
 # to 4 levels, which alone moves the photo's log-probabilities by 0.0035, on the CPU too).
+# The paged decoder (its own fp16 export) runs the same checks, then once more on a pool of two
+# blocks of 128 for five pages (a profile of 256 positions a page and almost no KV budget): pages
+# wait for blocks and are preempted and recomputed, and their ids must not change.
 # Knobs: BIN (/opt/ortparts/ocrctl).
 set -euo pipefail
 . scripts/gpu/gpu_env.sh
@@ -30,4 +33,27 @@ for run in "gqa fp16 0.05 5 off" "gqa fp16 0.05 0 off" "gqa fp16 0.05 5 on" "gqa
     --quiet --batch-size 5 /tmp/golden-images/* 2>/dev/null \
     | python3 scripts/gpu/check_golden.py $FX/golden/golden.json "$3" || status=1
 done
+MP=/tmp/fixture-export-paged
+rm -rf $MP
+$BIN export --checkpoint $FX/checkpoint --out $MP --precision fp16 --decoder gqa,paged >/dev/null
+for run in "0.05 5 off" "0.05 0 off" "0.05 5 on" "0.05 0 on"; do
+  set -- $run
+  echo "== paged decoder, fp16, CUDA (tolerance $1, top-logprobs $2, CUDA graphs $3)"
+  $BIN ocr --model $MP --decoder paged --precision fp16 --providers cuda --strict-providers \
+    --cuda-graphs "$3" --max-tokens 40 --ignore-eos --temperature 0 --top-logprobs "$2" --json \
+    --quiet --batch-size 5 /tmp/golden-images/* 2>/dev/null \
+    | python3 scripts/gpu/check_golden.py $FX/golden/golden.json "$1" || status=1
+done
+sed -e 's/^name: .*/name: paged-tight/' -e 's/^precision: .*/precision: fp16/' \
+  -e 's/^providers: .*/providers: [cuda, cpu]/' -e 's/^max_batch_size: .*/max_batch_size: 5/' \
+  -e 's/^max_sequence_length: .*/max_sequence_length: 256/' -e 's/^kv_cache_gb: .*/kv_cache_gb: 0.0001/' \
+  -e 's/^default_max_new_tokens: .*/default_max_new_tokens: 40/' \
+  -e 's/^max_new_tokens_limit: .*/max_new_tokens_limit: 64/' profiles/16gb.yaml > /tmp/paged-tight.yaml
+echo "== paged decoder, fp16, CUDA, a pool of 2 blocks for 5 pages (tolerance 0.05, greedy ids)"
+RUST_LOG=warn,ocrctl=debug $BIN ocr --model $MP --profile /tmp/paged-tight.yaml --decoder paged \
+  --providers cuda --strict-providers --cuda-graphs on --max-tokens 40 --ignore-eos --temperature 0 \
+  --top-logprobs 0 --json --quiet --batch-size 5 /tmp/golden-images/* 2>/tmp/paged-tight.log \
+  | python3 scripts/gpu/check_golden.py $FX/golden/golden.json 0.05 || status=1
+grep -E "KV pool" /tmp/paged-tight.log | head -2
+echo "preemptions: $(grep -c 'preempted: the paged KV cache is full' /tmp/paged-tight.log)"
 exit $status

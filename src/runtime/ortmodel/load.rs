@@ -5,6 +5,7 @@
 use super::merged::MergedDecoder;
 use super::paged;
 use super::*;
+use crate::runtime::providers::Provider;
 use ocrctl_exporters::graph::GraphInfo;
 use ort::value::TensorElementType;
 use std::collections::BTreeMap;
@@ -19,6 +20,12 @@ impl OrtModel {
         let variant = choose_variant(dir, opts, |v| graphs.contains_key(v.part()))?;
         if opts.verify {
             verify_files(dir, &manifest, opts.precision, variant)?;
+        }
+        if variant == DecoderVariant::Paged && !opts.providers.order.contains(&Provider::Cuda) {
+            return Err(LoadError::Session {
+                path: dir.join(MANIFEST_NAME),
+                message: paged::CUDA_ONLY.into(),
+            });
         }
         let env = environment(dir, opts)?;
         let path_of = |part: &str| -> Result<PathBuf, LoadError> {

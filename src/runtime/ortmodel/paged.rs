@@ -42,6 +42,10 @@ use std::path::Path;
 
 const PART: &str = graph::DECODER_PAGED;
 
+/// Why the paged decoder is refused off CUDA.
+pub const CUDA_ONLY: &str = "the paged decoder (decoder_model_paged) runs on the CUDA provider \
+    only: ONNX Runtime's PagedAttention has no other kernel (--providers cuda, or --decoder gqa)";
+
 /// Positions per block unless [`LoadOptions::kv_block_size`] says otherwise: FlashAttention
 /// takes paged prompts in blocks of a multiple of 128 at head size 128, and blocks of 128
 /// cost 1–3 % more than 256 per step (docs/benchmarks/2026-12-05-h200 §1) while wasting
@@ -89,11 +93,7 @@ impl PagedDecoder {
         if provider != Provider::Cuda {
             return Err(LoadError::Session {
                 path: path.to_path_buf(),
-                message: format!(
-                    "the paged decoder runs on the CUDA provider only (ONNX Runtime's \
-                     PagedAttention has no {} kernel): use --decoder gqa here",
-                    provider.name()
-                ),
+                message: format!("{CUDA_ONLY} (the decoder got {})", provider.name()),
             });
         }
         let pool = BlockPool::new(&decoder, kv, opts, text).map_err(|e| LoadError::Session {
