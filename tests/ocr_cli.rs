@@ -624,3 +624,69 @@ fn figures_and_tables_flags_on_pages_without_boxes() {
     assert_eq!(rows[0]["figures"], serde_json::json!([]));
     assert!(crops.is_dir());
 }
+
+/// `--fallback text`: PDF pages that did not finish are followed by the PDF's own text layer,
+/// marked, and the document is written; the exit code stays 2 and `--json` rows carry the
+/// text. Without the flag the document is withheld, as before.
+#[test]
+fn failed_pdf_pages_fall_back_on_their_text_layer_marked() {
+    use common::pdfgen::pdf;
+    let d = tempfile::tempdir().unwrap();
+    let doc = d.path().join("letter.pdf");
+    // White text on black: the fixture repeats one token on such a page (greedy), so two
+    // tokens are a cut.
+    let page = |text: &str| {
+        let ops =
+            format!("0 0 0 rg 0 0 612 792 re f 1 1 1 rg BT /F1 24 Tf 72 700 Td ({text}) Tj ET");
+        (ops.into_bytes(), "")
+    };
+    std::fs::write(&doc, pdf(&[page("Dear reader"), page("Yours truly")], &[])).unwrap();
+    let model = exported();
+    let out = d.path().join("md");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "ocr",
+            "--model",
+            model.to_str().unwrap(),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "2",
+            "--retries",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        args.push(doc.to_str().unwrap());
+        ocrctl(&args)
+    };
+    let o = run(&["--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        !out.join("letter.md").exists(),
+        "withheld without --fallback"
+    );
+    let o = run(&["--out", out.to_str().unwrap(), "--fallback", "text"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("2 of them followed by the PDF's text layer"),
+        "{err}"
+    );
+    let md = std::fs::read_to_string(out.join("letter.md")).unwrap();
+    assert_eq!(
+        md,
+        "<!-- page 1 failed: length -->\n<!-- page 1: text layer -->\nDear reader\
+         \n\n<!-- page 2 -->\n\n\
+         <!-- page 2 failed: length -->\n<!-- page 2: text layer -->\nYours truly\n"
+    );
+    let f: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("failures.jsonl")).unwrap())
+            .unwrap();
+    assert_eq!(f["written"], "partial");
+    assert_eq!(f["pages"][1]["fallback"], "text_layer");
+    let rows = json_lines(&run(&["--json", "--fallback", "text"]).stdout);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["status"], "failed");
+    assert_eq!(rows[0]["text_layer"], "Dear reader");
+    assert_eq!(rows[1]["text_layer"], "Yours truly");
+}

@@ -1,6 +1,6 @@
 //! `decoder_model_paged.onnx`: the Qwen3 decoder over a KV cache in fixed-size blocks, through
-//! ONNX Runtime's `com.microsoft.PagedAttention`. Experimental: built to be checked on a GPU
-//! (`scripts/check_paged.py`); ocrctl's runtime does not run it yet.
+//! ONNX Runtime's `com.microsoft.PagedAttention`, checked by `scripts/check_paged.py` and run
+//! by ocrctl's runtime on CUDA (`--decoder paged`, `src/runtime/ortmodel/paged.rs`).
 //!
 //! Inputs:
 //! - `inputs_embeds [1, T, D]`: the new tokens of every sequence of the call, packed one

@@ -27,8 +27,8 @@
 # rR = R pages/s), RUNS (3), DURATION (60 s of sending a run), PAGES (none: a cap on pages a
 # run), SCALE / MAX_NEW (none: pass --scale/--max-new), BUDGET_S (540), DRAIN_S (90: allowance
 # per run for the pages in flight when sending stops), PROFILE, PREC, OCRCTL_ARGS, VLLM_ARGS
-# (extra server flags), DECODERS (the export's --decoder list; with paged in it the ocrctl rows
-# are labelled ocrctl-paged and OCRCTL_ARGS should say --decoder paged), GPU_UTIL (0.90), CKPT (/opt/lightonocr-2-1b-random), VENV
+# (extra server flags; with `--decoder paged` the rows are labelled ocrctl-paged), DECODERS (the
+# export's --decoder list, e.g. gqa,paged), GPU_UTIL (0.90), CKPT (/opt/lightonocr-2-1b-random; dummy:lightonocr-2-1b for ocrctl alone), VENV
 # (/opt/vllmenv), WORKLOAD (benchmarks/workloads/ocr-pages.yaml), DRY_RUN=1 (print what would
 # run, start nothing; works without a GPU).
 set -uo pipefail
@@ -142,6 +142,8 @@ points() {
 }
 
 ensure_ckpt() {
+  # ocrctl's own random weights (ocrctl-only runs): nothing to make.
+  case "$CKPT" in dummy:*) return 0 ;; esac
   [ "$DRY" = 1 ] && { echo "+ [ -f $CKPT/config.json ] || bash .vllm/vllm_anchor.sh ckpt"; return 0; }
   [ -f "$CKPT/config.json" ] && return 0
   [ -f .vllm/vllm_anchor.sh ] || { log "no checkpoint in $CKPT and no .vllm/vllm_anchor.sh to make one"; return 1; }
@@ -153,7 +155,7 @@ ocrctl_set() {
   profile=${PROFILE:-$([ "$MEM" = full ] && echo 80gb || echo 16gb)}
   prec=${PREC:-$(awk '/^precision:/ {print $2}' "profiles/$profile.yaml")}
   local label=ocrctl dec=()
-  case "${DECODERS:-}" in *paged*) label=ocrctl-paged ;; esac
+  case "${OCRCTL_ARGS:-}" in *"--decoder paged"*) label=ocrctl-paged ;; esac
   [ -n "${DECODERS:-}" ] && dec=(--decoder "$DECODERS")
   model=/tmp/sb-model-$prec-$kv${DECODERS:+-${DECODERS//,/-}}
   logf=$RES/logs/$label-$MEM_LABEL-$kv.log

@@ -14,8 +14,10 @@
 //! terminal) counts pages; a summary line closes every run. `--devices 0,1` (or `cpu,cpu`)
 //! runs one engine per device, each taking the next page when it has room.
 
-use crate::cli::ocr_outcome::{error_row, input_name, Failures};
-use crate::cli::ocr_output::{md_path, page_rate, FailurePolicy, Mode, Output, PageResult};
+use crate::cli::ocr_outcome::{error_row, input_name, Failures, Fallback};
+use crate::cli::ocr_output::{
+    md_path, page_rate, FailurePolicy, Mode, Output, PageResult, TextLayer,
+};
 use anyhow::Context;
 use clap::Args;
 use ocrctl::documents::inputs::{self, Document, PageLoader};
@@ -327,7 +329,15 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         max_failed: a.outcome.max_failed(),
         max_tokens,
     };
-    let out = Mutex::new(Output::new(&docs, mode, a.quiet, failure_policy));
+    let text_layer = (a.outcome.fallback == Fallback::Text)
+        .then(|| TextLayer::new(a.pdf.reader(a.pdfium_lib.clone())));
+    let out = Mutex::new(Output::new(
+        &docs,
+        mode,
+        a.quiet,
+        failure_policy,
+        text_layer,
+    ));
     if total_pages > 0 {
         let mut opts = opts;
         opts.kv_slots = batch_size;

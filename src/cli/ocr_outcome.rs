@@ -39,6 +39,27 @@ pub struct OutcomeArgs {
     /// with --keep-partial.
     #[arg(long, value_name = "FRACTION", value_parser = parse_fraction, requires = "out")]
     pub max_failed_pages: Option<f64>,
+    /// What stands in a failed PDF page's place: `none` (the failure marker alone) or `text`
+    /// (the PDF's own text layer, below `<!-- page N: text layer -->`; a document whose failed
+    /// pages all have one is written, the exit code stays 2).
+    #[arg(long, value_enum, default_value = "none")]
+    pub fallback: Fallback,
+}
+
+/// `--fallback`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    None,
+    Text,
+}
+
+/// What stands in a failed page's place when its PDF's text layer `text` fills in for it:
+/// the failure marker (so `--resume` redoes the document) and the text below a second one.
+pub fn text_layer_block(marker: &str, page: usize, text: &str) -> String {
+    format!(
+        "{marker}\n<!-- page {page}: text layer -->\n{}",
+        text.trim_end()
+    )
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {

@@ -9,9 +9,10 @@
 //! that failed recorded ([`Failures`]). Only the document being emitted and pages that
 //! finished early are held. A progress bar on stderr counts pages as they finish.
 
-use crate::cli::ocr_outcome::{error_row, not_finished, Failures};
+use crate::cli::ocr_outcome::{error_row, not_finished, text_layer_block, Failures};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ocrctl::documents::inputs::{DocKind, Document};
+use ocrctl::documents::pdf::sandbox::{OpenPdf, PdfReader};
 use ocrctl::generation::outcome::{
     failed_marker, verdict, DocVerdict, FailReason, PageOutcome, PageStatus,
 };
@@ -70,6 +71,34 @@ pub struct FailurePolicy {
     pub max_tokens: usize,
 }
 
+/// The text layers of failed PDF pages (`--fallback text`), read through the run's PDF
+/// reader (the worker process, with its limits); the last document read stays open.
+pub struct TextLayer {
+    reader: PdfReader,
+    open: Option<(usize, OpenPdf)>,
+}
+
+impl TextLayer {
+    pub fn new(reader: PdfReader) -> TextLayer {
+        TextLayer { reader, open: None }
+    }
+
+    /// Page `page` (of the run's selection) of document `d`, `doc`: its text layer, or why
+    /// there is none.
+    fn text(&mut self, d: usize, doc: &Document, page: usize) -> Result<String, String> {
+        if self.open.as_ref().map(|(i, _)| *i) != Some(d) {
+            self.open = None;
+            let bytes = std::fs::read(&doc.path).map_err(|e| e.to_string())?;
+            let name = doc.path.display().to_string();
+            let pdf = self.reader.open(bytes, &name).map_err(|e| e.to_string())?;
+            self.open = Some((d, pdf));
+        }
+        let (_, pdf) = self.open.as_mut().expect("opened above");
+        pdf.page_text(doc.page_index(page))
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// The in-order writer. `docs` are all documents of the run, pages numbered through them
 /// ("units": document 0's pages, then document 1's, …).
 pub struct Output<'a> {
@@ -84,6 +113,8 @@ pub struct Output<'a> {
     /// The current document's failed pages (`page`, `reason`, `attempts`).
     doc_failed: Vec<Value>,
     policy: FailurePolicy,
+    /// `--fallback text`: where failed PDF pages' text layers come from.
+    text_layer: Option<TextLayer>,
     /// Documents with at least one failed page.
     pub failed_docs: usize,
     /// Documents (and other inputs) that failed, for `failures.jsonl`.
@@ -104,7 +135,13 @@ pub struct Output<'a> {
 impl<'a> Output<'a> {
     /// A writer for `docs`; the progress bar shows when there is more than one page, stderr is
     /// a terminal and not `quiet`.
-    pub fn new(docs: &'a [Document], mode: Mode, quiet: bool, policy: FailurePolicy) -> Self {
+    pub fn new(
+        docs: &'a [Document],
+        mode: Mode,
+        quiet: bool,
+        policy: FailurePolicy,
+        text_layer: Option<TextLayer>,
+    ) -> Self {
         let mut starts = Vec::with_capacity(docs.len());
         let mut total = 0;
         for d in docs {
@@ -132,6 +169,7 @@ impl<'a> Output<'a> {
             doc_texts: Vec::new(),
             doc_failed: Vec::new(),
             policy,
+            text_layer,
             failed_docs: 0,
             failures: Failures::default(),
             pages_ok: 0,
@@ -209,16 +247,23 @@ impl<'a> Output<'a> {
             (Ok(_), None) => {}
         }
         self.count(&outcome);
-        let marker = outcome
+        let mut marker = outcome
             .reason
             .map(|why| failed_marker(doc.page_number(page), why));
+        let layer = marker.as_ref().and_then(|_| self.fallback_text(d, page));
         if let Some(why) = outcome.reason {
             let mut v =
                 json!({"page": doc.page_number(page), "reason": why, "attempts": outcome.attempts});
             if let Err(msg) = &r.text {
                 v["error"] = json!(msg);
             }
+            if layer.is_some() {
+                v["fallback"] = json!("text_layer");
+            }
             self.doc_failed.push(v);
+        }
+        if let (Some(m), Some(t)) = (&marker, &layer) {
+            marker = Some(text_layer_block(m, doc.page_number(page), t));
         }
         match &self.mode {
             Mode::Json => {
@@ -239,6 +284,10 @@ impl<'a> Output<'a> {
                         outcome.attempts,
                     ),
                 };
+                let mut v = v;
+                if let Some(t) = layer {
+                    v["text_layer"] = json!(t);
+                }
                 self.bar.suspend(|| println!("{v}"));
             }
             Mode::Text => {
@@ -262,6 +311,26 @@ impl<'a> Output<'a> {
         }
         if page + 1 == doc.pages() {
             self.end_document(d);
+        }
+    }
+
+    /// With `--fallback text`, the text layer of failed page `page` of PDF document `d` when it
+    /// has one (a warning names the page when it cannot be read).
+    fn fallback_text(&mut self, d: usize, page: usize) -> Option<String> {
+        let doc = &self.docs[d];
+        if !matches!(doc.kind, DocKind::Pdf { .. }) {
+            return None;
+        }
+        match self.text_layer.as_mut()?.text(d, doc, page) {
+            Ok(t) if !t.trim().is_empty() => Some(t),
+            Ok(_) => None,
+            Err(e) => {
+                let name = self.page_name(d, page);
+                self.report(&format!(
+                    "warning: {name}: no text layer to fall back on: {e}"
+                ));
+                None
+            }
         }
     }
 
@@ -311,7 +380,15 @@ impl<'a> Output<'a> {
             Mode::Markdown(dir) => {
                 let path = md_path(dir, &doc.path);
                 let n = failed.len();
-                let v = verdict(n, doc.pages(), self.policy.max_failed);
+                // Pages the text layer stands in for are not missing from the document.
+                let missing = failed
+                    .iter()
+                    .filter(|f| f.get("fallback").is_none())
+                    .count();
+                let v = match verdict(missing, doc.pages(), self.policy.max_failed) {
+                    DocVerdict::Complete if n > 0 => DocVerdict::Partial,
+                    v => v,
+                };
                 if let Some(r) = row.as_mut() {
                     r["written"] = json!(if v == DocVerdict::Partial {
                         json!("partial")
@@ -335,10 +412,14 @@ impl<'a> Output<'a> {
                 } else if v == DocVerdict::Partial {
                     self.report(&format!(
                         "error: {}: written to {} with {n} of {} page(s) failed, each marked \
-                         `<!-- page N failed: REASON -->`",
+                         `<!-- page N failed: REASON -->`{}",
                         doc.path.display(),
                         path.display(),
-                        doc.pages()
+                        doc.pages(),
+                        match n - missing {
+                            0 => String::new(),
+                            k => format!(", {k} of them followed by the PDF's text layer"),
+                        }
                     ));
                 }
             }

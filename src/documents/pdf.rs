@@ -379,6 +379,49 @@ impl<'a> PdfDocument<'a> {
     }
 }
 
+impl PdfDocument<'_> {
+    /// The text layer of page `index` (0-based) as pdfium extracts it (reading order as the
+    /// PDF draws it; empty for a scan without one), at most [`MAX_TEXT_CHARS`] characters.
+    pub fn page_text(&self, index: usize) -> Result<String, PdfError> {
+        let page_err = |problem: String| PdfError::Page {
+            name: self.name.clone(),
+            page: index + 1,
+            problem,
+        };
+        if index >= self.pages {
+            return Err(page_err(format!(
+                "no such page (the document has {})",
+                self.pages
+            )));
+        }
+        with_loaded(|f| {
+            // SAFETY (whole block): `self.doc` is open, every handle is checked for null and
+            // released by a guard, and the buffer holds the `n + 1` units pdfium may write.
+            let page = unsafe { (f.load_page)(self.doc, index as i32) };
+            if page.is_null() {
+                let code = unsafe { (f.get_last_error)() };
+                return Err(page_err(format!(
+                    "cannot load the page (pdfium error {code})"
+                )));
+            }
+            let _page = Defer(|| unsafe { (f.close_page)(page) });
+            let text = unsafe { (f.text_load_page)(page) };
+            if text.is_null() {
+                return Err(page_err("cannot read the page's text layer".into()));
+            }
+            let _text = Defer(|| unsafe { (f.text_close_page)(text) });
+            let n = unsafe { (f.text_count_chars)(text) }.clamp(0, MAX_TEXT_CHARS as i32);
+            let mut buf = vec![0u16; n as usize + 1];
+            let got = unsafe { (f.text_get_text)(text, 0, n, buf.as_mut_ptr()) };
+            buf.truncate(usize::try_from(got).unwrap_or(0).saturating_sub(1));
+            Ok(String::from_utf16_lossy(&buf).replace("\r\n", "\n"))
+        })
+    }
+}
+
+/// The most characters of a page's text layer read (a real page has a few thousand).
+pub const MAX_TEXT_CHARS: usize = 1 << 20;
+
 impl Drop for PdfDocument<'_> {
     fn drop(&mut self) {
         // SAFETY: `self.doc` is open and closed exactly once, before `_bytes` is dropped.

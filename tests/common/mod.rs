@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod golden;
+pub mod pdfgen;
 pub mod server;
 
 use std::path::{Path, PathBuf};

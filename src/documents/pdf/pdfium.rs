@@ -53,6 +53,12 @@ pub struct Fns {
     pub bitmap_destroy: unsafe extern "C-unwind" fn(Handle),
     pub close_page: unsafe extern "C-unwind" fn(Handle),
     pub close_document: unsafe extern "C-unwind" fn(Handle),
+    // fpdf_text.h: a page's text layer (the `--fallback text` of a page that failed).
+    pub text_load_page: unsafe extern "C-unwind" fn(Handle) -> Handle,
+    pub text_count_chars: unsafe extern "C-unwind" fn(Handle) -> c_int,
+    /// UTF-16LE into the buffer, with a terminating NUL; returns the units written.
+    pub text_get_text: unsafe extern "C-unwind" fn(Handle, c_int, c_int, *mut u16) -> c_int,
+    pub text_close_page: unsafe extern "C-unwind" fn(Handle),
 }
 
 struct Loaded {
@@ -155,6 +161,10 @@ fn load(path: &Path, name: &str) -> Result<Loaded, PdfError> {
         bitmap_destroy: sym!("FPDFBitmap_Destroy"),
         close_page: sym!("FPDF_ClosePage"),
         close_document: sym!("FPDF_CloseDocument"),
+        text_load_page: sym!("FPDFText_LoadPage"),
+        text_count_chars: sym!("FPDFText_CountChars"),
+        text_get_text: sym!("FPDFText_GetText"),
+        text_close_page: sym!("FPDFText_ClosePage"),
     };
     let init: unsafe extern "C-unwind" fn() = sym!("FPDF_InitLibrary");
     // SAFETY: called once, before any other pdfium function, under LOCK.

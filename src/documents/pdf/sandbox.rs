@@ -201,6 +201,19 @@ impl SandboxedPdf {
         self.render(index, wire::RENDER_FULL, &max_pixels.to_le_bytes())
     }
 
+    /// Page `index`'s text layer, like [`PdfDocument::page_text`], within the limits.
+    pub fn page_text(&mut self, index: usize) -> Result<String, PdfError> {
+        if self.worker.is_none() {
+            self.reopen()?;
+        }
+        let p = self.call(
+            Step::Page(index + 1),
+            wire::TEXT,
+            &[&(index as u32).to_le_bytes()],
+        )?;
+        Ok(String::from_utf8_lossy(&p).into_owned())
+    }
+
     /// One render request of tag `tag` for page `index`, `extra` after the index.
     fn render(&mut self, index: usize, tag: u8, extra: &[u8]) -> Result<RgbImage, PdfError> {
         if self.worker.is_none() {
@@ -483,6 +496,14 @@ impl OpenPdf {
         match self {
             OpenPdf::InProcess(d) => d.render_page(index),
             OpenPdf::Sandboxed(d) => d.render_page(index),
+        }
+    }
+
+    /// Page `index`'s text layer; see [`PdfDocument::page_text`].
+    pub fn page_text(&mut self, index: usize) -> Result<String, PdfError> {
+        match self {
+            OpenPdf::InProcess(d) => d.page_text(index),
+            OpenPdf::Sandboxed(d) => d.page_text(index),
         }
     }
 

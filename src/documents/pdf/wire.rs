@@ -7,6 +7,7 @@
 //! | [`OPEN`]   | `u32` name length, name (UTF-8), PDF bytes | `u32` page count           |
 //! | [`RENDER`] | `u32` 0-based page index                   | `u32` w, `u32` h, RGB rows |
 //! | [`RENDER_FULL`] | `u32` page index, `u64` most pixels   | `u32` w, `u32` h, RGB rows |
+//! | [`TEXT`]   | `u32` 0-based page index                   | the page's text layer, UTF-8 |
 //! | [`CLOSE`]  | none                                       | none                       |
 //!
 //! An answer tagged [`ERR`] carries a [`PdfError`] as JSON.
@@ -22,6 +23,8 @@ pub const RENDER: u8 = 2;
 pub const CLOSE: u8 = 3;
 /// Request: render a page at full resolution (what figures are cropped from).
 pub const RENDER_FULL: u8 = 4;
+/// Request: a page's text layer.
+pub const TEXT: u8 = 5;
 /// Answer: done.
 pub const OK: u8 = 0;
 /// Answer: failed with a [`PdfError`].

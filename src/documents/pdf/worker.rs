@@ -54,6 +54,10 @@ pub fn run(pdfium: Option<&Path>, memory: u64, cpu_seconds: u64) -> ExitCode {
                 (Some(d), Ok(i), Ok(max)) => render(d, i as usize, Some(max)),
                 _ => return ExitCode::FAILURE,
             },
+            wire::TEXT => match (&doc, wire::u32_at(&payload, 0)) {
+                (Some(d), Ok(i)) => d.page_text(i as usize).map(String::into_bytes),
+                _ => return ExitCode::FAILURE,
+            },
             wire::CLOSE => {
                 doc = None;
                 Ok(Vec::new())
