@@ -188,6 +188,7 @@ mod tests {
             accept_length: false,
             keep_partial: false,
             max_failed_pages: None,
+            fallback: Fallback::None,
         };
         assert_eq!(a.max_failed(), 0.0);
         a.keep_partial = true;

@@ -78,18 +78,15 @@ impl OrtModel {
                 DecoderPath::Gqa(g)
             }
             DecoderVariant::Paged => {
-                let built = (decoder.session, provider);
-                let kv = placement.kv.clone();
-                let p = paged::PagedDecoder::load(
-                    &decoder_path,
-                    built,
+                let l = paged::PagedLoad {
+                    path: &decoder_path,
                     opts,
-                    t,
-                    kv,
+                    text: t,
+                    kv: placement.kv.clone(),
                     graphs_on,
-                    &mut embed,
-                    &mut gpu,
-                )?;
+                };
+                let built = (decoder.session, provider);
+                let p = paged::PagedDecoder::load(l, built, &mut embed, &mut gpu)?;
                 stats.kv_location = Some(placement.kv_at());
                 DecoderPath::Paged(p)
             }

@@ -64,6 +64,18 @@ pub(super) struct PagedDecoder {
     graphs: Option<graphs::DecodeGraphs>,
 }
 
+/// What loading the paged path needs beside its decoder session.
+pub(super) struct PagedLoad<'a> {
+    /// The decoder's graph file (errors name it).
+    pub path: &'a Path,
+    pub opts: &'a LoadOptions,
+    pub text: &'a TextConfig,
+    /// Where the pool lives (the decoder provider's memory).
+    pub kv: ort::memory::MemoryInfo<'static>,
+    /// Whether the session was created with CUDA graphs enabled.
+    pub graphs_on: bool,
+}
+
 /// A run's inputs besides the embeddings and the pool, on the host.
 struct Packed {
     cumulative: Vec<i32>,
@@ -76,20 +88,23 @@ struct Packed {
 }
 
 impl PagedDecoder {
-    /// The path over `decoder` (on `provider`, from the file `path`): allocates the pool from `opts`
+    /// The path over `decoder` (on `provider`): allocates the pool from `opts`
     /// ([`LoadOptions::kv_cache_bytes`], else what `kv_slots` sequences of
     /// `max_sequence_length` would take) and, with `graphs_on` on CUDA, captures the decode
     /// steps' graphs (a failed capture leaves them uncaptured, with a warning).
     pub fn load(
-        path: &Path,
+        l: PagedLoad<'_>,
         (decoder, provider): (Session, Provider),
-        opts: &LoadOptions,
-        text: &TextConfig,
-        kv: ort::memory::MemoryInfo<'static>,
-        graphs_on: bool,
         embed: &mut Session,
         gpu: &mut super::capture::Shared,
     ) -> Result<PagedDecoder, LoadError> {
+        let PagedLoad {
+            path,
+            opts,
+            text,
+            kv,
+            graphs_on,
+        } = l;
         if provider != Provider::Cuda {
             return Err(LoadError::Session {
                 path: path.to_path_buf(),
