@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// Connections served at once; more wait in the listen backlog.
     #[arg(long, env = "OCRCTL_MAX_CONNECTIONS", default_value_t = 512)]
     max_connections: usize,
+    /// Connections served at once from one IP address (default: half of --max-connections;
+    /// 0: no limit, e.g. behind a proxy that all clients come through); more are closed.
+    #[arg(long, env = "OCRCTL_MAX_CONNECTIONS_PER_CLIENT")]
+    max_connections_per_client: Option<usize>,
     /// Seconds a connection has to send a request's headers (idle keep-alive included).
     #[arg(long, env = "OCRCTL_HEADER_TIMEOUT", default_value_t = 10)]
     header_timeout: u64,
@@ -326,6 +330,9 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or(0),
             front: ocrctl::server::front::FrontLimits {
                 max_connections: a.max_connections,
+                max_per_client: a
+                    .max_connections_per_client
+                    .unwrap_or(a.max_connections.div_ceil(2)),
                 header_read_timeout: Duration::from_secs(a.header_timeout),
                 body_timeout: Duration::from_secs(a.body_timeout),
                 write_timeout: Duration::from_secs(a.write_timeout),

@@ -3,7 +3,9 @@
 //!
 //! - **Connections** ([`serve`]): at most [`FrontLimits::max_connections`] at once (when all
 //!   are taken the listener is not polled, so new ones wait in the kernel's backlog instead
-//!   of taking file descriptors); a connection must send a request head within
+//!   of taking file descriptors), and at most [`FrontLimits::max_per_client`] from one IP
+//!   address (more are closed at once: ~700 silent reconnecting sockets from one host had
+//!   made probes from others wait 4–28 s, 2026-12-05); a connection must send a request head within
 //!   [`FrontLimits::header_read_timeout`], which hyper also applies to idle keep-alive
 //!   connections, so silent sockets are closed; a response write that the client does not
 //!   take within [`FrontLimits::write_timeout`] closes the connection too. axum's own
@@ -49,6 +51,8 @@ const JSON_ROUTES: [&str; 1] = ["/v1/chat/completions"];
 pub struct FrontLimits {
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections served at once from one IP address (0: no limit).
+    pub max_per_client: usize,
     /// Time a connection has to send a request head (also while idle between requests).
     pub header_read_timeout: Duration,
     /// Time a request's body has to arrive.
@@ -64,6 +68,7 @@ impl Default for FrontLimits {
     fn default() -> Self {
         FrontLimits {
             max_connections: 512,
+            max_per_client: 256,
             header_read_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             write_timeout: Duration::from_secs(30),
@@ -361,6 +366,7 @@ pub async fn serve(
 
     let limits = st.cfg.front.clone();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Clients::new(limits.max_per_client);
     let (closing_tx, closing) = watch::channel(false);
     let signalled = super::shutdown_signal();
     tokio::pin!(signalled);
@@ -370,9 +376,9 @@ pub async fn serve(
             _ = &mut signalled => break,
             _ = stop.wait_for(|s| *s) => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok((s, a)) => (s, a.ip()),
                 Err(e) => {
                     // Out of file descriptors, say: wait instead of spinning.
                     tracing::warn!("accept failed: {e}");
@@ -383,12 +389,18 @@ pub async fn serve(
             _ = &mut signalled => break,
             _ = stop.wait_for(|s| *s) => break,
         };
+        let Some(client) = clients.admit(peer) else {
+            // Over its share: closed now, the slot free for others.
+            drop(stream);
+            continue;
+        };
         let svc = TowerToHyperService::new(app.clone());
         let mut closing = closing.clone();
         let header_timeout = limits.header_read_timeout;
         let stream = super::write_timeout::WriteTimeout::new(stream, limits.write_timeout);
         tokio::spawn(async move {
             let _permit = permit;
+            let _client = client;
             let mut b = http1::Builder::new();
             b.timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
@@ -427,6 +439,54 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Connections open per client address, for [`FrontLimits::max_per_client`].
+#[derive(Clone)]
+struct Clients {
+    max: usize,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>>,
+}
+
+/// One admitted connection of a client; its count goes down when this is dropped.
+struct ClientHold {
+    clients: Clients,
+    ip: IpAddr,
+}
+
+impl Clients {
+    fn new(max: usize) -> Clients {
+        Clients {
+            max,
+            open: Default::default(),
+        }
+    }
+
+    /// A hold for one more connection from `ip`, or `None` when it has its share already.
+    fn admit(&self, ip: IpAddr) -> Option<ClientHold> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if self.max > 0 && *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientHold {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientHold {
+    fn drop(&mut self) {
+        let mut open = self.clients.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
