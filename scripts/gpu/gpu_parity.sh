@@ -44,16 +44,35 @@ for run in "0.05 5 off" "0.05 0 off" "0.05 5 on" "0.05 0 on"; do
     --quiet --batch-size 5 /tmp/golden-images/* 2>/dev/null \
     | python3 scripts/gpu/check_golden.py $FX/golden/golden.json "$1" || status=1
 done
+# Preemption: 15 pages (the five images three times) at batch 15, 150 tokens each, on a pool of
+# one longest page (max_sequence_length 3200: 25 blocks of 128) against the default pool: pages
+# wait and are preempted and recomputed, and their ids must equal the ample pool's.
+rm -rf /tmp/pages15 && mkdir -p /tmp/pages15
+for i in 1 2 3; do for f in /tmp/golden-images/*; do cp "$f" "/tmp/pages15/$i-$(basename "$f")"; done; done
 sed -e 's/^name: .*/name: paged-tight/' -e 's/^precision: .*/precision: fp16/' \
-  -e 's/^providers: .*/providers: [cuda, cpu]/' -e 's/^max_batch_size: .*/max_batch_size: 5/' \
-  -e 's/^max_sequence_length: .*/max_sequence_length: 256/' -e 's/^kv_cache_gb: .*/kv_cache_gb: 0.0001/' \
-  -e 's/^default_max_new_tokens: .*/default_max_new_tokens: 40/' \
-  -e 's/^max_new_tokens_limit: .*/max_new_tokens_limit: 64/' profiles/16gb.yaml > /tmp/paged-tight.yaml
-echo "== paged decoder, fp16, CUDA, a pool of 2 blocks for 5 pages (tolerance 0.05, greedy ids)"
-RUST_LOG=warn,ocrctl=debug $BIN ocr --model $MP --profile /tmp/paged-tight.yaml --decoder paged \
-  --providers cuda --strict-providers --cuda-graphs on --max-tokens 40 --ignore-eos --temperature 0 \
-  --top-logprobs 0 --json --quiet --batch-size 5 /tmp/golden-images/* 2>/tmp/paged-tight.log \
-  | python3 scripts/gpu/check_golden.py $FX/golden/golden.json 0.05 || status=1
-grep -E "KV pool" /tmp/paged-tight.log | head -2
+  -e 's/^providers: .*/providers: [cuda, cpu]/' -e 's/^max_batch_size: .*/max_batch_size: 15/' \
+  -e 's/^max_sequence_length: .*/max_sequence_length: 3200/' -e 's/^kv_cache_gb: .*/kv_cache_gb: 0.0001/' \
+  -e 's/^default_max_new_tokens: .*/default_max_new_tokens: 150/' \
+  -e 's/^max_new_tokens_limit: .*/max_new_tokens_limit: 150/' profiles/16gb.yaml > /tmp/paged-tight.yaml
+common=(ocr --model $MP --decoder paged --precision fp16 --providers cuda --strict-providers
+  --cuda-graphs on --max-tokens 150 --ignore-eos --temperature 0 --json --quiet --batch-size 15)
+echo "== paged decoder, 15 pages at batch 15: a pool of 25 blocks against the default pool"
+$BIN "${common[@]}" /tmp/pages15/* 2>/dev/null > /tmp/paged-ample.jsonl
+RUST_LOG=warn,ocrctl=debug $BIN "${common[@]}" --profile /tmp/paged-tight.yaml /tmp/pages15/* \
+  2>/tmp/paged-tight.log > /tmp/paged-tight.jsonl
+grep -E "KV pool" /tmp/paged-tight.log | head -1
 echo "preemptions: $(grep -c 'preempted: the paged KV cache is full' /tmp/paged-tight.log)"
+python3 - /tmp/paged-ample.jsonl /tmp/paged-tight.jsonl <<'PY' || status=1
+import json, sys
+ids = [{json.loads(l)["file"]: json.loads(l)["token_ids"] for l in open(p) if l.startswith("{")}
+       for p in sys.argv[1:]]
+same = sum(ids[0][f] == ids[1].get(f) for f in ids[0])
+for f in sorted(ids[0]):
+    a, b = ids[0][f], ids[1].get(f) or []
+    d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if a != b:
+        print(f"{f}: first difference at step {d} ({len(a)} / {len(b)} tokens)")
+print(f"{same} of {len(ids[0])} pages with the same ids on the tight pool")
+sys.exit(0 if same == len(ids[0]) == 15 else 1)
+PY
 exit $status
