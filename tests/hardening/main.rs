@@ -142,10 +142,18 @@ fn stop_strings_are_bounded_and_many_long_ones_still_work() {
 #[test]
 fn silent_connections_are_closed_and_service_goes_on() {
     let dir = tempfile::tempdir().unwrap();
+    // Every socket here comes from 127.0.0.1: no per-host share (see the next test).
     let s = start(
         dir.path(),
         "",
-        &["--header-timeout", "1", "--max-connections", "4"],
+        &[
+            "--header-timeout",
+            "1",
+            "--max-connections",
+            "4",
+            "--max-connections-per-client",
+            "0",
+        ],
     );
     let mut silent: Vec<TcpStream> = (0..12)
         .map(|_| TcpStream::connect(&s.addr).unwrap())
@@ -184,6 +192,53 @@ fn silent_connections_are_closed_and_service_goes_on() {
         !String::from_utf8_lossy(&rest).contains("200 OK"),
         "an unfinished head got no answer"
     );
+}
+
+/// N7 (2026-12-05): ~700 silent, reconnecting sockets from one host made probes from others
+/// wait 4–28 s. One address now holds at most --max-connections-per-client connections; its
+/// next ones are closed at once, and another host is served meanwhile.
+#[test]
+fn one_host_cannot_hold_every_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(
+        dir.path(),
+        "",
+        &[
+            "--header-timeout",
+            "30",
+            "--max-connections",
+            "4",
+            "--max-connections-per-client",
+            "2",
+        ],
+    );
+    // The "other host": 127.0.0.2, another loopback address.
+    let from_other = || {
+        let addr: std::net::SocketAddr = s.addr.parse().unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let local: std::net::SocketAddr = "127.0.0.2:0".parse().unwrap();
+        sock.bind(&local.into()).unwrap();
+        sock.connect(&addr.into()).unwrap();
+        TcpStream::from(sock)
+    };
+    let _held: Vec<TcpStream> = (0..2).map(|_| from_other()).collect();
+    let mut third = from_other();
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 16];
+    match third.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("a third connection from one host stayed open: {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "closed at once");
+    // 127.0.0.1 is served at once while the other host holds its two.
+    let t = Instant::now();
+    assert_eq!(s.get("/health").unwrap().status, 200);
+    assert!(t.elapsed() < Duration::from_secs(5));
 }
 
 /// A copy of the shared fixture export, to damage.
