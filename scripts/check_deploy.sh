@@ -9,7 +9,8 @@
 #  - configmap-profile.yaml carries profiles/16gb.yaml unchanged,
 #  - the batch Job's `completions` equals the N of its `--shard $(JOB_COMPLETION_INDEX)/N`,
 #    and its podFailurePolicy ends an index on exit code 2 (ocrctl ocr: some inputs failed),
-#  - deploy/Containerfile pins the ONNX Runtime and pypdfium2 versions of scripts/setup.sh.
+#  - deploy/Containerfile pins the ONNX Runtime, pypdfium2 and TensorRT-RTX plugin versions of
+#    scripts/setup.sh.
 # Exits non-zero naming the file on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,7 +83,7 @@ def arg(path, var):
     m = re.search(rf"^ARG {var}=(\S+)", open(path).read(), re.M)
     return m and m.group(1)
 
-for var in ("ORT_VERSION", "PDFIUM_VERSION"):
+for var in ("ORT_VERSION", "PDFIUM_VERSION", "TRT_RTX_EP_VERSION"):
     want, got = default("scripts/setup.sh", var), arg("deploy/Containerfile", var)
     if not want or want != got:
         bad.append(f"deploy/Containerfile: ARG {var}={got}, scripts/setup.sh has {var} default {want}")
