@@ -40,6 +40,7 @@ pub mod manifest;
 pub mod processor;
 pub mod proto;
 pub mod quant;
+pub mod variants;
 pub mod verify;
 pub mod vision;
 

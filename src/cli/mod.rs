@@ -2,7 +2,7 @@
 //! `serve`, `doctor`, `verify`, `build-engines`), over the library; [`common`] holds the runtime flags they share
 //! (`--profile`, `--precision`, `--providers`, …) and error reporting, [`ocr_output`] the
 //! in-order writing of `ocrctl ocr`, [`ocr_outcome`] its page-outcome flags and exit codes,
-//! [`ocr_post`] its `--figures` and `--tables`, [`pdf_limits`] the PDF worker limits of `ocr`
+//! [`ocr_open`] its documents, [`ocr_post`] its `--figures` and `--tables`, [`pdf_limits`] the PDF worker limits of `ocr`
 //! and `serve`.
 
 pub mod bench;
@@ -14,6 +14,7 @@ pub mod eval_truth;
 pub mod export;
 pub mod logging;
 pub mod ocr;
+pub mod ocr_open;
 pub mod ocr_outcome;
 pub mod ocr_output;
 pub mod ocr_post;

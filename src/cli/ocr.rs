@@ -2,7 +2,7 @@
 //!
 //! Inputs are files, folders and glob patterns ([`ocrctl::documents::inputs`]); an image is a document
 //! of one page, a PDF a document of N pages rendered by pdfium ([`ocrctl::documents::pdf`]). Documents
-//! are opened first (a PDF only to count its pages); pages are then rendered, preprocessed
+//! are opened first (a PDF only to count its pages; [`crate::cli::ocr_open`]); pages are then rendered, preprocessed
 //! and submitted lazily as the continuous-batching [`Engine`] admits them (`--batch-size` at
 //! once), so memory does not grow with the input. Results are written in input order as they
 //! finish ([`crate::cli::ocr_output`]): plain text, `--json` (one object per page), or `--out DIR`
@@ -14,10 +14,9 @@
 //! terminal) counts pages; a summary line closes every run. `--devices 0,1` (or `cpu,cpu`)
 //! runs one engine per device, each taking the next page when it has room.
 
-use crate::cli::ocr_outcome::{error_row, input_name, Failures, Fallback};
-use crate::cli::ocr_output::{
-    md_path, page_rate, FailurePolicy, Mode, Output, PageResult, TextLayer,
-};
+use crate::cli::ocr_open;
+use crate::cli::ocr_outcome::Fallback;
+use crate::cli::ocr_output::{page_rate, FailurePolicy, Mode, Output, PageResult, TextLayer};
 use anyhow::Context;
 use clap::Args;
 use ocrctl::documents::inputs::{self, Document, PageLoader};
@@ -28,7 +27,6 @@ use ocrctl::model::preprocess;
 use ocrctl::runtime::devices::Device;
 use ocrctl::runtime::ortmodel::OrtModel;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Mutex;
@@ -93,30 +91,30 @@ pub struct OcrArgs {
     post: crate::cli::ocr_post::PostArgs,
     /// Print one JSON object per page (with `file` and 1-based `page`) instead of plain text.
     #[arg(long, conflicts_with = "out")]
-    json: bool,
+    pub(crate) json: bool,
     /// Write `<DIR>/<file stem>.md` per document (image or PDF) instead of printing the text.
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Read only shard K of N (0-based) of the inputs, e.g. one pod of an Indexed Job:
     /// decided by each file's name, so the N shards partition any listing of the same files.
     #[arg(long, env = "OCRCTL_SHARD", value_name = "K/N")]
-    shard: Option<inputs::Shard>,
+    pub(crate) shard: Option<inputs::Shard>,
     /// Read only these pages of each PDF, e.g. `1-3,7` or `5-` (to the end); a page past
     /// a document's end fails that document. Images are read whole.
     #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
-    pages: Option<ocrctl::documents::ranges::PageRanges>,
+    pub(crate) pages: Option<ocrctl::documents::ranges::PageRanges>,
     /// With --out: skip documents whose markdown file already exists.
     #[arg(long, requires = "out")]
-    resume: bool,
+    pub(crate) resume: bool,
     /// Refuse images with more pixels than this (checked from the header, before decoding).
     #[arg(long, default_value_t = preprocess::DEFAULT_MAX_PIXELS)]
     max_pixels: u64,
     /// The pdfium library for PDF input (default: `$OCRCTL_PDFIUM_LIB`, else the pypdfium2
     /// wheel in .venv or python3's site-packages).
     #[arg(long)]
-    pdfium_lib: Option<PathBuf>,
+    pub(crate) pdfium_lib: Option<PathBuf>,
     #[command(flatten)]
-    pdf: crate::cli::pdf_limits::PdfLimitArgs,
+    pub(crate) pdf: crate::cli::pdf_limits::PdfLimitArgs,
     /// Devices to run one engine each on, comma-separated: GPU indices (`0,1`, with the
     /// profile's GPU providers) or `cpu`; engines take the next page when they have room.
     #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
@@ -126,96 +124,15 @@ pub struct OcrArgs {
     quiet: bool,
     /// Read folders' subfolders too (else they are skipped and counted in the summary).
     #[arg(long, short = 'r')]
-    recursive: bool,
+    pub(crate) recursive: bool,
     /// Also read the inputs listed in FILE, one path per line (`-`: standard input, e.g.
     /// `ls *.pdf | ocrctl ocr --files-from - …`).
     #[arg(long, value_name = "FILE")]
-    files_from: Option<PathBuf>,
+    pub(crate) files_from: Option<PathBuf>,
     /// Image files (PNG, JPEG, WebP, TIFF), PDFs, folders or quoted glob patterns such as
     /// 'scans/*.pdf' ('scans/**/*.pdf' for every subfolder).
     #[arg(required_unless_present = "files_from")]
-    inputs: Vec<PathBuf>,
-}
-
-/// Expands the inputs and opens every document, reporting (and recording) those that fail;
-/// with `--json`, a row for each file that fails. With `--out --resume`, documents whose
-/// markdown file exists and is complete (no failed page marked) are skipped (and counted).
-/// Also returns the folder entries not read (other files; subfolders without `--recursive`).
-fn open_documents(a: &OcrArgs) -> anyhow::Result<(Vec<Document>, Failures, usize, usize)> {
-    // Pages are counted in worker processes too: a document can blow up while it opens.
-    let reader = a.pdf.reader(a.pdfium_lib.clone());
-    let (mut docs, mut failed, mut skipped, mut overwritten) =
-        (Vec::new(), Failures::default(), 0, 0);
-    let file_failed = |failed: &mut Failures, path: &Path, msg: String| {
-        eprintln!("error: {msg}");
-        if a.json && a.out.is_none() {
-            println!("{}", error_row(path, None, &msg, 0));
-        }
-        failed.input(&path.display().to_string(), &msg);
-    };
-    let mut md_owner: HashMap<PathBuf, PathBuf> = HashMap::new();
-    let mut listed = a.inputs.clone();
-    if let Some(f) = &a.files_from {
-        listed.extend(inputs::read_list(f).context("--files-from")?);
-    }
-    let (items, not_read) = inputs::expand_counted(&listed, a.recursive);
-    for item in items {
-        let path = match item {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("error: {e}");
-                failed.input(&input_name(&e), &e.to_string());
-                continue;
-            }
-        };
-        if a.shard.is_some_and(|s| !s.contains(&path)) {
-            continue;
-        }
-        if let Some(dir) = &a.out {
-            let md = md_path(dir, &path);
-            // A finished file holds at least a newline: an empty one (a crash before the
-            // data reached the disk) is not a finished document.
-            if std::fs::metadata(&md).is_ok_and(|m| m.len() > 0) {
-                if a.resume && !partial(&md) {
-                    skipped += 1;
-                    continue;
-                }
-                overwritten += usize::from(!a.resume);
-            }
-            if let Some(other) = md_owner.get(&md) {
-                let msg = format!(
-                    "{}: its output {} is already that of {}; rename one of them",
-                    path.display(),
-                    md.display(),
-                    other.display()
-                );
-                file_failed(&mut failed, &path, msg);
-                continue;
-            }
-            md_owner.insert(md, path.clone());
-        }
-        let opened = Document::open_with(&path, &reader).and_then(|mut d| {
-            a.pages.as_ref().map_or(Ok(()), |r| d.select(r))?;
-            Ok(d)
-        });
-        match opened {
-            Ok(d) => docs.push(d),
-            Err(e) => file_failed(&mut failed, &path, e.to_string()),
-        }
-    }
-    if overwritten > 0 {
-        eprintln!(
-            "note: {overwritten} existing .md file(s) in {} will be replaced (--resume skips them)",
-            a.out.as_deref().unwrap_or(Path::new(".")).display()
-        );
-    }
-    Ok((docs, failed, skipped, not_read))
-}
-
-/// Whether the markdown file at `md` is a partial document (`--keep-partial`), which
-/// `--resume` does again.
-fn partial(md: &Path) -> bool {
-    std::fs::read_to_string(md).is_ok_and(|t| outcome::has_failed_marker(&t))
+    pub(crate) inputs: Vec<PathBuf>,
 }
 
 /// `msg` as is when it names `name`'s file, else prefixed with `name`.
@@ -317,7 +234,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     let post = a
         .post
         .resolve(a.out.as_deref(), a.pdfium_lib.clone(), a.max_pixels)?;
-    let (docs, open_failed, skipped, not_read) = open_documents(&a)?;
+    let (docs, open_failed, skipped, not_read) = ocr_open::open_documents(&a)?;
     let open_failed_n = open_failed.rows.len();
     let total_pages: usize = docs.iter().map(Document::pages).sum();
     let mode = match (&a.out, a.json) {

@@ -322,29 +322,10 @@ impl<'a> PdfDocument<'a> {
         index: usize,
         size: impl FnOnce(f32, f32) -> Option<(u32, u32)>,
     ) -> Result<RgbImage, PdfError> {
-        let page_err = |problem: String| PdfError::Page {
-            name: self.name.clone(),
-            page: index + 1,
-            problem,
-        };
-        if index >= self.pages {
-            return Err(page_err(format!(
-                "no such page (the document has {})",
-                self.pages
-            )));
-        }
-        with_loaded(|f| {
-            // SAFETY (whole block): `self.doc` is open, every handle is checked for null
-            // before use and released by a guard, and the bitmap buffer is read within its
-            // `stride · height` bytes while the bitmap is alive.
-            let page = unsafe { (f.load_page)(self.doc, index as i32) };
-            if page.is_null() {
-                let code = unsafe { (f.get_last_error)() };
-                return Err(page_err(format!(
-                    "cannot load the page (pdfium error {code})"
-                )));
-            }
-            let _page = Defer(|| unsafe { (f.close_page)(page) });
+        self.with_page(index, |f, page, page_err| {
+            // SAFETY (whole block): `page` is loaded (and closed by `with_page`), the bitmap is
+            // checked for null and released by a guard, and its buffer is read within its
+            // `stride · height` bytes while it is alive.
             let (w_pt, h_pt) = unsafe { ((f.get_page_width_f)(page), (f.get_page_height_f)(page)) };
             let (w, h) = size(w_pt, h_pt)
                 .ok_or_else(|| page_err(format!("invalid page size {w_pt} x {h_pt} pt")))?;
@@ -380,9 +361,14 @@ impl<'a> PdfDocument<'a> {
 }
 
 impl PdfDocument<'_> {
-    /// The text layer of page `index` (0-based) as pdfium extracts it (reading order as the
-    /// PDF draws it; empty for a scan without one), at most [`MAX_TEXT_CHARS`] characters.
-    pub fn page_text(&self, index: usize) -> Result<String, PdfError> {
+    /// Runs `f` with pdfium's functions, page `index` (0-based) loaded, and the error of a
+    /// problem with that page (naming the document and the 1-based page); closes the page
+    /// afterwards.
+    fn with_page<T>(
+        &self,
+        index: usize,
+        f: impl FnOnce(&pdfium::Fns, Handle, &dyn Fn(String) -> PdfError) -> Result<T, PdfError>,
+    ) -> Result<T, PdfError> {
         let page_err = |problem: String| PdfError::Page {
             name: self.name.clone(),
             page: index + 1,
@@ -394,17 +380,27 @@ impl PdfDocument<'_> {
                 self.pages
             )));
         }
-        with_loaded(|f| {
-            // SAFETY (whole block): `self.doc` is open, every handle is checked for null and
-            // released by a guard, and the buffer holds the `n + 1` units pdfium may write.
-            let page = unsafe { (f.load_page)(self.doc, index as i32) };
+        with_loaded(|fns| {
+            // SAFETY: `self.doc` is open; the page is checked for null and closed by a guard
+            // after `f`, which gets it only while it is loaded.
+            let page = unsafe { (fns.load_page)(self.doc, index as i32) };
             if page.is_null() {
-                let code = unsafe { (f.get_last_error)() };
+                let code = unsafe { (fns.get_last_error)() };
                 return Err(page_err(format!(
                     "cannot load the page (pdfium error {code})"
                 )));
             }
-            let _page = Defer(|| unsafe { (f.close_page)(page) });
+            let _page = Defer(|| unsafe { (fns.close_page)(page) });
+            f(fns, page, &page_err)
+        })
+    }
+
+    /// The text layer of page `index` (0-based) as pdfium extracts it (reading order as the
+    /// PDF draws it; empty for a scan without one), at most [`MAX_TEXT_CHARS`] characters.
+    pub fn page_text(&self, index: usize) -> Result<String, PdfError> {
+        self.with_page(index, |f, page, page_err| {
+            // SAFETY (whole block): `page` is loaded, the text page is checked for null and
+            // released by a guard, and the buffer holds the `n + 1` units pdfium may write.
             let text = unsafe { (f.text_load_page)(page) };
             if text.is_null() {
                 return Err(page_err("cannot read the page's text layer".into()));

@@ -50,117 +50,13 @@ use crate::generation::vision::{Staged, VisionStage};
 use crate::runtime::backend::{Backend, BackendError, RowNeed, StepLogits};
 
 mod admission;
+mod batch;
 mod need;
 mod request;
+pub use batch::Batch;
+use batch::{Active, Waiting};
 pub use request::{EngineError, Event, Flow, GenRequest};
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
-struct Active<C> {
-    index: usize,
-    req: GenRequest,
-    sampler: Sampler,
-    logits: Vec<f32>,
-    /// The next token when it was chosen from the device's argmax or candidates (`logits`
-    /// is then empty).
-    device_choice: Option<need::Chosen>,
-    cache: C,
-    out: Generation,
-    /// Arrival order: a paged cache that runs dry preempts the youngest page first.
-    seq: u64,
-    /// Positions its cache holds (the prompt, then one per token fed back).
-    cached: usize,
-}
-
-/// A request admitted while its images are encoded (and perhaps its prompt prefilled) on the
-/// vision stage.
-struct Waiting {
-    index: usize,
-    req: GenRequest,
-    sampler: Sampler,
-    ticket: u64,
-    /// Whether its cache sequence was reserved at admission (the stage prefills it);
-    /// otherwise the prefill takes one when the features are back.
-    reserved: bool,
-    /// What it generated before a preemption (empty for a new request).
-    out: Generation,
-    seq: u64,
-    /// Blocks of a paged cache set aside for its prefill (0 otherwise).
-    promised: usize,
-}
-
-/// The requests being decoded together, with their caches, those admitted whose images
-/// the vision stage is still encoding (they hold their place in the batch), and, with a
-/// paged cache, those waiting for blocks (new, or preempted to be recomputed).
-pub struct Batch<C> {
-    active: Vec<Active<C>>,
-    waiting: VecDeque<Waiting>,
-    queued: VecDeque<admission::Queued>,
-}
-
-impl<C> Default for Batch<C> {
-    fn default() -> Self {
-        Batch {
-            active: Vec::new(),
-            waiting: VecDeque::new(),
-            queued: VecDeque::new(),
-        }
-    }
-}
-
-impl<C> Batch<C> {
-    /// An empty batch.
-    pub fn new() -> Self {
-        Batch::default()
-    }
-
-    /// Requests in the batch (decoding, waiting for their image features or for blocks).
-    pub fn len(&self) -> usize {
-        self.active.len() + self.waiting.len() + self.queued.len()
-    }
-
-    /// Whether no request is in the batch.
-    pub fn is_empty(&self) -> bool {
-        self.active.is_empty() && self.waiting.is_empty() && self.queued.is_empty()
-    }
-
-    /// Requests decoding now (the decode step's batch).
-    pub fn decoding(&self) -> usize {
-        self.active.len()
-    }
-
-    /// Requests waiting for blocks of a paged cache: new ones, and preempted ones to be
-    /// recomputed.
-    pub fn queued(&self) -> usize {
-        self.queued.len()
-    }
-
-    /// Requests admitted whose image features are still being computed.
-    pub fn waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
-    /// The caller ids of the requests in the batch (decoding first, then waiting, then
-    /// queued for blocks).
-    pub fn indices(&self) -> Vec<usize> {
-        let waiting = self.waiting.iter().map(|w| w.index);
-        let queued = self.queued.iter().map(|q| q.index);
-        let active = self.active.iter().map(|a| a.index);
-        active.chain(waiting).chain(queued).collect()
-    }
-
-    /// Removes request `index`, returning what it generated so far.
-    pub fn remove(&mut self, index: usize) -> Option<Generation> {
-        if let Some(pos) = self.waiting.iter().position(|w| w.index == index) {
-            return self.waiting.remove(pos).map(|w| w.out);
-        }
-        if let Some(pos) = self.queued.iter().position(|q| q.index == index) {
-            return self.queued.remove(pos).map(|q| q.out);
-        }
-        let pos = self.active.iter().position(|a| a.index == index)?;
-        Some(self.active.remove(pos).out)
-    }
-}
 
 fn empty_generation() -> Generation {
     Generation {

@@ -52,7 +52,7 @@ use ort::value::{
     DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut, ValueType,
 };
 use ort::AsPointer;
-use outputs::{to_host, LastLogits, LogitsAt};
+use outputs::LastLogits;
 use std::sync::{Arc, Mutex};
 
 const PART: &str = graph::DECODER_GQA;
@@ -415,29 +415,10 @@ impl GqaCache {
 
     /// Row `row` of the last decode step's logits (see [`LastLogits`]).
     pub fn last_step_row(&mut self, row: usize) -> Result<Vec<f32>, BackendError> {
-        let last = self
-            .last
-            .as_mut()
-            .ok_or_else(|| BackendError::Invalid("no decode step has run".into()))?;
-        let r = *last.rows.get(row).ok_or_else(|| {
-            BackendError::Invalid(format!("the last decode step had no row {row}"))
-        })?;
-        if last.host.is_none() {
-            last.host = Some(match &last.at {
-                LogitsAt::Run(t) => to_host(t)?,
-                LogitsAt::Bucket(i) => {
-                    let g = self.graphs.as_ref().ok_or_else(|| {
-                        BackendError::Invalid("CUDA graphs are off: no bucket logits".into())
-                    })?;
-                    to_host(g.bucket_logits(*i))?
-                }
-            });
-        }
-        let host = last.host.as_deref().expect("copied above");
-        let vocab = last.vocab;
-        host.get(r * vocab..(r + 1) * vocab)
-            .map(<[f32]>::to_vec)
-            .ok_or_else(|| BackendError::Invalid(format!("no logits row {r}")))
+        let graphs = self.graphs.as_ref();
+        outputs::last_row(self.last.as_mut(), row, |i| {
+            graphs.map(|g| g.bucket_logits(i))
+        })
     }
 
     /// Records that slot `i` now holds `len` positions.

@@ -76,6 +76,14 @@ impl OrtCache {
     }
 
     /// The paged path's blocks (`None` on the other paths).
+    pub(super) fn blocks(&self) -> Option<&super::paged::Blocks> {
+        match &self.held {
+            Held::Blocks(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The paged path's blocks, to grow (`None` on the other paths).
     pub(super) fn blocks_mut(&mut self) -> Option<&mut super::paged::Blocks> {
         match &mut self.held {
             Held::Blocks(b) => Some(b),

@@ -27,10 +27,10 @@ mod pool;
 
 pub(super) use pool::Blocks;
 
-use super::gqa::outputs::{self, to_host, Extras, LastLogits, LogitsAt};
+use super::gqa::outputs::{self, Extras, LastLogits};
 use super::path::Decoder;
 use super::{tensors, Common, LoadError, LoadOptions, OrtCache};
-use crate::runtime::backend::{BackendError, BatchLogits, KvCapacity, RowNeed, StepLogits};
+use crate::runtime::backend::{BackendError, KvCapacity, RowNeed, StepLogits};
 use crate::runtime::providers::Provider;
 use ocrctl_exporters::config::TextConfig;
 use ocrctl_exporters::contract::{graph, tensor};
@@ -264,23 +264,6 @@ impl Decoder for PagedDecoder {
         }
     }
 
-    fn decode_batch(
-        &mut self,
-        c: &mut Common,
-        tokens: &[u32],
-        caches: Vec<OrtCache>,
-    ) -> Result<BatchLogits<OrtCache>, BackendError> {
-        let (rows, caches) = self.decode_batch_select(c, tokens, caches, &[])?;
-        let logits = rows
-            .into_iter()
-            .map(|r| match r {
-                StepLogits::Full(l) => l,
-                _ => unreachable!("full logits were asked for"),
-            })
-            .collect();
-        Ok((logits, caches))
-    }
-
     /// One run of one new token per sequence, packed; each row gets what `need` says (full
     /// logits where `need` is shorter than the step).
     fn decode_batch_select(
@@ -299,18 +282,17 @@ impl Decoder for PagedDecoder {
         let want: Vec<(usize, RowNeed)> = (0..caches.len())
             .map(|i| (i, need.get(i).copied().unwrap_or(RowNeed::Full)))
             .collect();
-        let tables = caches
-            .iter_mut()
-            .map(|c| blocks_of(c).map(|b| b.ids().to_vec()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let tables: Vec<&[u32]> = caches
+            .iter()
+            .map(|c| c.blocks().map(Blocks::ids).ok_or_else(other_path))
+            .collect::<Result<_, _>>()?;
         let (out, run_ns, read_ns) = if self.graphs.is_some() && tokens.len() <= self.graph_rows() {
             self.graph_step(&mut c.embed, tokens, &lens, &tables, &want)?
         } else {
             let t = std::time::Instant::now();
             let embeds = c.embed_ids(vec![1, tokens.len() as i64], tokens)?;
             c.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
-            let refs: Vec<&[u32]> = tables.iter().map(Vec::as_slice).collect();
-            let p = pack(&lens, &vec![1; lens.len()], &refs);
+            let p = pack(&lens, &vec![1; lens.len()], &tables);
             self.run(c, embeds, &p, &want)?
         };
         for cache in caches.iter_mut() {
@@ -324,36 +306,19 @@ impl Decoder for PagedDecoder {
 
     fn step_logits(&mut self, c: &mut Common, row: usize) -> Result<Vec<f32>, BackendError> {
         c.stats.step_logits_fallbacks += 1;
-        let last = self
-            .last
-            .as_mut()
-            .ok_or_else(|| BackendError::Invalid("no decode step has run".into()))?;
-        let r = *last.rows.get(row).ok_or_else(|| {
-            BackendError::Invalid(format!("the last decode step had no row {row}"))
-        })?;
-        if last.host.is_none() {
-            last.host = Some(match &last.at {
-                LogitsAt::Run(t) => to_host(t)?,
-                LogitsAt::Bucket(i) => {
-                    let g = self.graphs.as_ref().ok_or_else(|| {
-                        BackendError::Invalid("CUDA graphs are off: no bucket logits".into())
-                    })?;
-                    to_host(g.bucket_logits(*i))?
-                }
-            });
-        }
-        let vocab = last.vocab;
-        let host = last.host.as_deref().expect("copied above");
-        host.get(r * vocab..(r + 1) * vocab)
-            .map(<[f32]>::to_vec)
-            .ok_or_else(|| BackendError::Invalid(format!("no logits row {r}")))
+        let graphs = self.graphs.as_ref();
+        outputs::last_row(self.last.as_mut(), row, |i| {
+            graphs.map(|g| g.bucket_logits(i))
+        })
     }
 }
 
 fn blocks_of(c: &mut OrtCache) -> Result<&mut Blocks, BackendError> {
-    c.blocks_mut().ok_or_else(|| {
-        BackendError::Invalid("a KV cache of another decoder path reached the paged decoder".into())
-    })
+    c.blocks_mut().ok_or_else(other_path)
+}
+
+fn other_path() -> BackendError {
+    BackendError::Invalid("a KV cache of another decoder path reached the paged decoder".into())
 }
 
 #[cfg(test)]

@@ -40,13 +40,24 @@ pub(super) trait Decoder {
         cache: Option<OrtCache>,
     ) -> Result<(Vec<f32>, OrtCache), BackendError>;
 
-    /// One decode step of `tokens[i]` after `caches[i]`, full logits for every row.
+    /// One decode step of `tokens[i]` after `caches[i]`, full logits for every row (by
+    /// default [`Decoder::decode_batch_select`] asked for full rows).
     fn decode_batch(
         &mut self,
         c: &mut Common,
         tokens: &[u32],
         caches: Vec<OrtCache>,
-    ) -> Result<BatchLogits<OrtCache>, BackendError>;
+    ) -> Result<BatchLogits<OrtCache>, BackendError> {
+        let (rows, caches) = self.decode_batch_select(c, tokens, caches, &[])?;
+        let logits = rows
+            .into_iter()
+            .map(|r| match r {
+                StepLogits::Full(l) => l,
+                _ => unreachable!("full logits were asked for"),
+            })
+            .collect();
+        Ok((logits, caches))
+    }
 
     /// [`Decoder::decode_batch`], each row giving what `need` says.
     fn decode_batch_select(

@@ -3,7 +3,7 @@
 //! slots `0..=highest` per decode step.
 
 use super::{GqaCache, PART};
-use crate::runtime::backend::{BackendError, BatchLogits, KvCapacity, RowNeed, StepLogits};
+use crate::runtime::backend::{BackendError, KvCapacity, RowNeed, StepLogits};
 use crate::runtime::ortmodel::binding::Placement;
 use crate::runtime::ortmodel::path::Decoder;
 use crate::runtime::ortmodel::stage::{self, PrefillParts};
@@ -158,23 +158,6 @@ impl Decoder for GqaDecoder {
             Some(StepLogits::Full(l)) => Ok((l, cache)),
             _ => Err(BackendError::runtime(PART, "no logits for the run's row")),
         }
-    }
-
-    fn decode_batch(
-        &mut self,
-        c: &mut Common,
-        tokens: &[u32],
-        caches: Vec<OrtCache>,
-    ) -> Result<BatchLogits<OrtCache>, BackendError> {
-        let (rows, caches) = self.decode_batch_select(c, tokens, caches, &[])?;
-        let logits = rows
-            .into_iter()
-            .map(|r| match r {
-                StepLogits::Full(l) => l,
-                _ => unreachable!("full logits were asked for"),
-            })
-            .collect();
-        Ok((logits, caches))
     }
 
     /// One run over slots `0..=highest` of the step's sequences; each row gets what `need`

@@ -204,6 +204,33 @@ impl LastLogits {
     }
 }
 
+/// Row `row` of the last step's logits in `last` (copied to the host once per step; a
+/// CUDA-graph bucket's logits are `bucket(i)`, `None` without graphs).
+pub(in crate::runtime::ortmodel) fn last_row<'a>(
+    last: Option<&mut LastLogits>,
+    row: usize,
+    bucket: impl FnOnce(usize) -> Option<&'a Tensor<f32>>,
+) -> Result<Vec<f32>, BackendError> {
+    let last = last.ok_or_else(|| BackendError::Invalid("no decode step has run".into()))?;
+    let r = *last
+        .rows
+        .get(row)
+        .ok_or_else(|| BackendError::Invalid(format!("the last decode step had no row {row}")))?;
+    if last.host.is_none() {
+        last.host = Some(match &last.at {
+            LogitsAt::Run(t) => to_host(t)?,
+            LogitsAt::Bucket(i) => to_host(bucket(*i).ok_or_else(|| {
+                BackendError::Invalid("CUDA graphs are off: no bucket logits".into())
+            })?)?,
+        });
+    }
+    let host = last.host.as_deref().expect("copied above");
+    let vocab = last.vocab;
+    host.get(r * vocab..(r + 1) * vocab)
+        .map(<[f32]>::to_vec)
+        .ok_or_else(|| BackendError::Invalid(format!("no logits row {r}")))
+}
+
 /// The tensor holding a step's logits `[rows, 1, vocab]`.
 pub(in crate::runtime::ortmodel) enum LogitsAt {
     /// The output of an uncaptured run (device or host memory).

@@ -195,7 +195,7 @@ impl PagedDecoder {
         embed: &mut Session,
         ids: &[u32],
         lens: &[usize],
-        tables: &[Vec<u32>],
+        tables: &[&[u32]],
         want: &[(usize, RowNeed)],
     ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
