@@ -156,22 +156,22 @@ impl PagedDecoder {
         self.pool.bytes()
     }
 
-    /// Runs the decoder on `embeds` (`[1, T, hidden]`, the rows' new tokens packed) for rows
-    /// whose caches held `lens` and now take `news` tokens each in `tables`' blocks.
+    /// Runs the decoder on `embeds` (`[1, T, hidden]`, the rows' new tokens packed) with the
+    /// other inputs `p` gives; each row of `want` gets what it needs.
     fn run(
         &mut self,
         c: &mut Common,
         embeds: DynTensor,
-        p: &Packed,
+        p: Packed,
         want: &[(usize, RowNeed)],
     ) -> Result<(Vec<StepLogits>, u64, u64), BackendError> {
         let rt = |e: ort::Error| BackendError::runtime(PART, e);
         let rows = p.past.len();
         let mut b = self.decoder.create_binding().map_err(rt)?;
         b.bind_input(tensor::INPUTS_EMBEDS, &embeds).map_err(rt)?;
-        let cu = Tensor::from_array(([rows + 1], p.cumulative.clone())).map_err(rt)?;
-        let past = Tensor::from_array(([rows], p.past.clone())).map_err(rt)?;
-        let table = Tensor::from_array(([rows, p.width], p.table.clone())).map_err(rt)?;
+        let cu = Tensor::from_array(([rows + 1], p.cumulative)).map_err(rt)?;
+        let past = Tensor::from_array(([rows], p.past)).map_err(rt)?;
+        let table = Tensor::from_array(([rows, p.width], p.table)).map_err(rt)?;
         let bounds = Tensor::from_array(([2usize], p.bounds.to_vec())).map_err(rt)?;
         b.bind_input(tensor::CUMULATIVE_SEQUENCE_LENGTH, &cu)
             .map_err(rt)?;
@@ -201,16 +201,23 @@ impl PagedDecoder {
     }
 }
 
-/// The inputs of a run of `news[i]` new tokens after `lens[i]` cached positions in the
-/// blocks `tables[i]`.
-fn pack(lens: &[usize], news: &[usize], tables: &[&[u32]]) -> Packed {
-    let width = tables.iter().map(|t| t.len()).max().unwrap_or(1).max(1);
-    let mut table = vec![0i32; lens.len() * width];
+/// `block_table [rows, width]` row-major: row `r` holds `tables[r]`, padded with block 0
+/// (rows past `tables` are all block 0).
+fn block_table(tables: &[&[u32]], rows: usize, width: usize) -> Vec<i32> {
+    let mut table = vec![0i32; rows * width];
     for (r, t) in tables.iter().enumerate() {
         for (j, id) in t.iter().enumerate() {
             table[r * width + j] = *id as i32;
         }
     }
+    table
+}
+
+/// The inputs of a run of `news[i]` new tokens after `lens[i]` cached positions in the
+/// blocks `tables[i]`.
+fn pack(lens: &[usize], news: &[usize], tables: &[&[u32]]) -> Packed {
+    let width = tables.iter().map(|t| t.len()).max().unwrap_or(1).max(1);
+    let table = block_table(tables, lens.len(), width);
     let mut cumulative = vec![0i32];
     for n in news {
         cumulative.push(cumulative.last().expect("starts at 0") + *n as i32);
@@ -255,7 +262,7 @@ impl Decoder for PagedDecoder {
         let p = pack(&[len], &[s], &[blocks.ids()]);
         let data = tensors::into_row_major(embeds);
         let e = tensors::float_tensor(c.act, vec![1, s as i64, d as i64], data, PART)?;
-        let (mut logits, _, _) = self.run(c, e, &p, &[(0, RowNeed::Full)])?;
+        let (mut logits, _, _) = self.run(c, e, p, &[(0, RowNeed::Full)])?;
         cache.len += s;
         c.stats.bound_runs += 1;
         match logits.pop() {
@@ -293,7 +300,7 @@ impl Decoder for PagedDecoder {
             let embeds = c.embed_ids(vec![1, tokens.len() as i64], tokens)?;
             c.stats.step_embed_ns += t.elapsed().as_nanos() as u64;
             let p = pack(&lens, &vec![1; lens.len()], &tables);
-            self.run(c, embeds, &p, &want)?
+            self.run(c, embeds, p, &want)?
         };
         for cache in caches.iter_mut() {
             cache.len += 1;

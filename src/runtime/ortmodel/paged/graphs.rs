@@ -214,12 +214,7 @@ impl PagedDecoder {
         embed_into::<f16>(embed, all_ids, &mut b.embeds, &mem, hidden)?;
         let mut past: Vec<i32> = lens.iter().map(|l| *l as i32).collect();
         past.resize(rows, 0);
-        let mut table = vec![0i32; rows * width];
-        for (r, t) in tables.iter().enumerate() {
-            for (j, id) in t.iter().enumerate() {
-                table[r * width + j] = *id as i32;
-            }
-        }
+        let table = super::block_table(tables, rows, width);
         Tensor::from_array(([rows], past))
             .map_err(rt)?
             .copy_into(&mut b.past)
