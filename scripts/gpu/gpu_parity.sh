@@ -57,9 +57,13 @@ sed -e 's/^name: .*/name: paged-tight/' -e 's/^precision: .*/precision: fp16/' \
 common=(ocr --model $MP --decoder paged --precision fp16 --providers cuda --strict-providers
   --cuda-graphs on --max-tokens 150 --ignore-eos --temperature 0 --json --quiet --batch-size 15)
 echo "== paged decoder, 15 pages at batch 15: a pool of 25 blocks against the default pool"
-$BIN "${common[@]}" /tmp/pages15/* 2>/dev/null > /tmp/paged-ample.jsonl
-RUST_LOG=warn,ocrctl=debug $BIN "${common[@]}" --profile /tmp/paged-tight.yaml /tmp/pages15/* \
-  2>/tmp/paged-tight.log > /tmp/paged-tight.jsonl
+# A failed page (exit 2) or a crash is reported with its error, not silently ended by `set -e`.
+for pool in ample tight; do
+  extra=() && [ $pool = tight ] && extra=(--profile /tmp/paged-tight.yaml)
+  RUST_LOG=warn,ocrctl=debug $BIN "${common[@]}" "${extra[@]}" /tmp/pages15/* \
+    2>/tmp/paged-$pool.log > /tmp/paged-$pool.jsonl || { echo "$pool pool: exit $?"; status=1; }
+  grep -E "^error|refused|panicked" /tmp/paged-$pool.log | cut -c1-240 | head -5 || true
+done
 grep -E "KV pool" /tmp/paged-tight.log | head -1
 echo "preemptions: $(grep -c 'preempted: the paged KV cache is full' /tmp/paged-tight.log)"
 python3 - /tmp/paged-ample.jsonl /tmp/paged-tight.jsonl <<'PY' || status=1

@@ -121,6 +121,14 @@ pub fn compiled_in(p: Provider) -> bool {
     }
 }
 
+/// Whether graph `part`'s session captures CUDA graphs when they are on: the GQA and paged
+/// decoders, whose decode steps have fixed shapes per batch bucket (`ortmodel::gqa::graphs`,
+/// `ortmodel::paged::graphs`); the other graphs' shapes change from run to run.
+pub fn captures_graphs(part: &str) -> bool {
+    use ocrctl_exporters::contract::graph::{DECODER_GQA, DECODER_PAGED};
+    part.starts_with(DECODER_GQA) || part.starts_with(DECODER_PAGED)
+}
+
 /// The dispatch for `p` configured for graph `part` (`None` for the CPU, which ORT always has).
 pub fn dispatch(
     p: Provider,
@@ -137,10 +145,7 @@ pub fn dispatch(
         // Plugin EPs are appended per device, not by dispatch (`trtrtx::append`).
         Provider::Cpu | Provider::TensorRtRtx => None,
         Provider::Cuda => {
-            // CUDA graphs only for the GQA decoder, whose decode steps have fixed shapes per
-            // batch bucket (see `ortmodel::gqa::graphs`); the other graphs' shapes change.
-            let graphs = cfg.cuda.cuda_graphs
-                && part.starts_with(ocrctl_exporters::contract::graph::DECODER_GQA);
+            let graphs = cfg.cuda.cuda_graphs && captures_graphs(part);
             // TF32 off: ONNX Runtime's CUDA provider otherwise multiplies float32 with 10-bit
             // mantissas, and an fp32 graph drifted from the reference by 0.004–0.007 in
             // log-probabilities (0 on four of five fixture pages without). Whoever picks fp32
@@ -236,6 +241,21 @@ pub fn usable(cfg: &ProviderConfig) -> Result<(Vec<Provider>, Vec<String>), Prov
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_decoders_with_bucketed_steps_capture_graphs() {
+        use ocrctl_exporters::contract::graph;
+        // The paged decoder's sessions were once built without graphs: its "captured"
+        // buckets then ran as plain runs (2026-12-06).
+        for (part, captures) in [
+            (graph::DECODER_GQA, true),
+            (graph::DECODER_PAGED, true),
+            (graph::VISION, false),
+            (graph::EMBED, false),
+        ] {
+            assert_eq!(captures_graphs(part), captures, "{part}");
+        }
+    }
 
     #[test]
     fn provider_names_round_trip_through_serde() {

@@ -37,7 +37,7 @@ case "${1:-}" in
       --decoder gqa,paged >/dev/null
     [ -d /tmp/golden-images ] || python3 scripts/gpu/golden_images.py /tmp/golden-images >/dev/null
     eval "$(sed -n '/^# Preemption:/,/^PY$/p' scripts/gpu/gpu_parity.sh)"
-    cp /tmp/paged-tight.log /tmp/paged-ample.jsonl /tmp/paged-tight.jsonl "$OUT/"
+    cp /tmp/paged-tight.log /tmp/paged-ample.log /tmp/paged-ample.jsonl /tmp/paged-tight.jsonl "$OUT/"
     exit $status
     ;;
   serve)
@@ -48,7 +48,7 @@ case "${1:-}" in
       *) echo "serve gqa|paged"; exit 2 ;;
     esac
     env CKPT=dummy:lightonocr-2-1b ENGINES=ocrctl MEM=16 KVS=fp16 DECODERS=gqa,paged \
-      OCRCTL_ARGS="$args" LOADS=c16 RUNS=3 DURATION=20 DRAIN_S=30 BUDGET_S=580 \
+      OCRCTL_ARGS="$args" LOADS=c16 RUNS=3 DURATION=${DURATION:-20} DRAIN_S=30 BUDGET_S=580 \
       bash scripts/gpu/gpu_serve_bench.sh 2>&1 | tail -30
     ;;
   *) echo "usage: $0 ort N|parity|serve gqa|paged"; exit 2 ;;
