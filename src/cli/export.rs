@@ -19,8 +19,9 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 pub struct ExportArgs {
     /// Checkpoint directory (config.json, model.safetensors or shards, tokenizer files), a
-    /// hub id in the Hugging Face cache (`lightonai/LightOnOCR-2-1B[@REV]`, fetched by `hf
-    /// download`), or `dummy:lightonocr-2-1b` / `dummy:tiny` for random weights.
+    /// hub id (`lightonai/LightOnOCR-2-1B[@REV]`: read from the Hugging Face cache,
+    /// downloaded into it when missing unless HF_HUB_OFFLINE=1), or `dummy:lightonocr-2-1b` /
+    /// `dummy:tiny` for random weights.
     #[arg(long)]
     checkpoint: String,
     /// Output directory (must not exist unless --force).
@@ -192,6 +193,8 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // A hub id not in the cache is downloaded before anything is written.
+    crate::cli::hub_fetch::ensure_cached(&a.checkpoint)?;
     let kv_from_calibration =
         a.calibrate.is_some() && a.kv_scale.is_none() && KvCache::is_8bit_kind(&a.kv_cache);
     let opts = ExportOptions {

@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod eval;
 pub mod eval_truth;
 pub mod export;
+pub mod hub_fetch;
 pub mod logging;
 pub mod ocr;
 pub mod ocr_open;
