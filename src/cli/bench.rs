@@ -144,15 +144,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     params
         .validate()
         .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
-    let (mut opts, _profile) = a.rt.load_options(&a.model)?;
+    let (mut opts, _profile, export) = a.rt.open(&a.model)?;
     opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
-    let cfg = ocrctl_exporters::export::Manifest::load(&a.model)
-        .with_context(|| format!("--model {}", a.model.display()))?
-        .model;
+    let cfg = export.config().clone();
     params
         .check_vocab(cfg.text.vocab_size)
         .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
-    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
+    let pipeline = ocrctl::generation::pipeline::PagePipeline::new(export.clone())?;
     if opts.max_sequence_length == 0 {
         // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
         let mut longest = 0;
@@ -164,7 +162,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let precision = opts.precision;
     let t0 = Instant::now();
-    let mut model = OrtModel::load(&a.model, &opts)?;
+    let mut model = OrtModel::open(&export, &opts)?;
     let load_s = t0.elapsed().as_secs_f64();
     model.set_kv_path(match a.kv_path {
         KvPathArg::Bound => KvPath::Bound,

@@ -22,6 +22,7 @@ use clap::Args;
 use ocrctl::documents::inputs::{self, Document, PageLoader};
 use ocrctl::generation::engine::{Engine, GenRequest};
 use ocrctl::generation::outcome::{self, FailReason, PageEvent, PageOutcome, RetryPolicy};
+use ocrctl::generation::pipeline::PagePipeline;
 use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
 use ocrctl::model::preprocess;
 use ocrctl::runtime::devices::Device;
@@ -178,12 +179,11 @@ fn engine_options(
 
 /// Runs OCR over all inputs; returns exit code 2 if any input, document or page failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
-    let (opts, profile) = a.rt.load_options(&a.model)?;
     // A wrong --model is named before anything else reads from it.
-    let manifest = ocrctl_exporters::export::Manifest::load(&a.model)
-        .with_context(|| format!("--model {}", a.model.display()))?;
+    let (opts, profile, export) = a.rt.open(&a.model)?;
     // The same defaults as `serve`: the model's generation_config.json, flags override.
-    let base = SamplingParams::model_defaults(&a.model).map_err(anyhow::Error::msg)?;
+    let pipeline = PagePipeline::new(export.clone())?;
+    let base = pipeline.defaults.clone();
     let params = SamplingParams {
         temperature: a.temperature.unwrap_or(base.temperature),
         top_p: a.top_p.unwrap_or(base.top_p),
@@ -204,7 +204,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     }
     params
         .validate()
-        .and_then(|()| params.check_vocab(manifest.model.text.vocab_size))
+        .and_then(|()| params.check_vocab(export.config().text.vocab_size))
         .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
     let batch_size = a
         .batch_size
@@ -260,15 +260,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         opts.kv_slots = batch_size;
         let engines = engine_options(&a.devices, &opts)?;
         run_pages(
-            &a,
-            &docs,
-            &out,
-            &params,
-            batch_size,
-            max_tokens,
-            engines,
-            manifest.model,
-            post,
+            &a, &docs, &out, &params, batch_size, max_tokens, engines, pipeline, post,
         )?;
     }
     let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -313,7 +305,7 @@ struct Pages<'a, 'd, I> {
     out: &'a Mutex<Output<'d>>,
     units: Mutex<I>,
     loader: Mutex<PageLoader>,
-    pipeline: ocrctl::generation::pipeline::PagePipeline,
+    pipeline: PagePipeline,
     params: &'a SamplingParams,
     max_tokens: usize,
     policy: RetryPolicy,
@@ -332,10 +324,9 @@ fn run_pages<'a, 'd>(
     batch_size: usize,
     max_tokens: usize,
     engines: Vec<(String, ocrctl::runtime::ortmodel::LoadOptions)>,
-    cfg: ocrctl_exporters::config::ModelConfig,
+    pipeline: PagePipeline,
     post: crate::cli::ocr_post::Post,
 ) -> anyhow::Result<()> {
-    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
     let units = docs
         .iter()
         .enumerate()
@@ -363,7 +354,7 @@ fn run_pages<'a, 'd>(
             .map(|(label, opts)| {
                 let pages = &pages;
                 s.spawn(move || -> anyhow::Result<()> {
-                    let model = OrtModel::load(&a.model, &opts)
+                    let model = OrtModel::open(pages.pipeline.export(), &opts)
                         .with_context(|| format!("loading the model on {label}"));
                     let model = match model {
                         Ok(m) => m,
@@ -477,7 +468,7 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
     /// One engine's loop: takes pages while it has room until none are left; a page that
     /// did not finish goes again ([`outcome::run_with_retries`]).
     fn run_engine(&self, model: OrtModel, batch_size: usize) {
-        let mut engine = Engine::new(model, batch_size, self.pipeline.image_token_id);
+        let mut engine = Engine::new(model, batch_size, self.pipeline.image_token_id());
         outcome::run_with_retries(
             &mut engine,
             &self.policy,
@@ -517,14 +508,14 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
         let text_ids: &[u32] = match g
             .token_ids
             .iter()
-            .position(|t| self.pipeline.stop_ids.contains(t))
+            .position(|t| self.pipeline.stop_ids().contains(t))
         {
             Some(i) if !a.ignore_eos => &g.token_ids[..i],
             _ => &g.token_ids,
         };
         let text = self
             .pipeline
-            .prompter
+            .prompter()
             .decode(text_ids, true)
             .map_err(|e| format!("{name}: {e}"))?;
         let (text, post_fields) = self.post.apply(&docs[d], page, &name, text)?;
