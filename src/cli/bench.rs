@@ -23,7 +23,7 @@ use clap::Args;
 use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::generation::generate::prompt_embeds;
 use ocrctl::generation::pipeline::synthetic_page;
-use ocrctl::generation::sampling::SamplingParams;
+use ocrctl::generation::sampling::{SamplingOverrides, SamplingParams};
 use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
 use serde_json::{json, Value};
@@ -130,17 +130,20 @@ pub fn peak_rss_mib() -> Option<f64> {
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     // The sweep's requests: greedy unless --temperature, seeded so that runs repeat.
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        repetition_penalty: a.repetition_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        logit_bias: ocrctl::generation::sampling::logit_bias(a.logit_bias.iter().copied()),
+    let params = SamplingOverrides {
+        temperature: Some(a.temperature),
+        top_p: Some(a.top_p),
+        top_k: Some(a.top_k),
+        repetition_penalty: Some(a.repetition_penalty),
+        presence_penalty: Some(a.presence_penalty),
+        frequency_penalty: Some(a.frequency_penalty),
+        logit_bias: Some(ocrctl::generation::sampling::logit_bias(
+            a.logit_bias.iter().copied(),
+        )),
         seed: Some(0),
-        ..SamplingParams::greedy()
-    };
+        loop_guard: None,
+    }
+    .apply(&SamplingParams::greedy());
     params
         .validate()
         .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
@@ -248,12 +251,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             engine.max_batch = b.max(1);
             let n = b.max(1) * a.pages_per_slot as usize;
             let req = GenRequest {
-                params: params.clone(),
                 stop_ids: vec![],
                 ignore_eos: true,
                 logprobs: a.top_logprobs > 0,
                 top_logprobs: a.top_logprobs,
-                ..pipeline.request(page.clone(), a.new_tokens)
+                ..pipeline.request_with(page.clone(), params.clone(), a.new_tokens)
             };
             let before = engine.backend.kv_stats().clone();
             let t = Instant::now();

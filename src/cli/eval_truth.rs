@@ -14,9 +14,9 @@ use anyhow::Context;
 use clap::Args;
 use ocrctl::documents::inputs::PageLoader;
 use ocrctl::documents::pdf::sandbox::{PdfLimits, PdfReader, Sandbox};
-use ocrctl::generation::engine::{Engine, GenRequest};
+use ocrctl::generation::engine::Engine;
 use ocrctl::generation::pipeline::PagePipeline;
-use ocrctl::generation::sampling::SamplingParams;
+use ocrctl::generation::sampling::{SamplingOverrides, SamplingParams};
 use ocrctl::model::export::Export;
 use ocrctl::model::preprocess;
 use ocrctl::quality::cer::{self, Score};
@@ -176,10 +176,11 @@ fn run_one(
         model.display()
     );
     // Greedy, the model's other defaults: what `ocrctl ocr --temperature 0` runs.
-    let params = SamplingParams {
-        temperature: 0.0,
-        ..pipeline.defaults.clone()
+    let greedy = SamplingOverrides {
+        temperature: Some(0.0),
+        ..Default::default()
     };
+    let params = greedy.apply(&pipeline.defaults);
     let mut engine = Engine::new(m, batch, pipeline.image_token_id());
     let pages = read_pages(&mut engine, pipeline, set, &params, max_tokens, a);
     Ok(Run {
@@ -222,10 +223,7 @@ fn read_pages(
         match page {
             Ok(page) => {
                 order.push((d, p));
-                return Some(GenRequest {
-                    params: params.clone(),
-                    ..pipeline.request(page, max_tokens)
-                });
+                return Some(pipeline.request_with(page, params.clone(), max_tokens));
             }
             Err(e) => out.push((d, p, Err(named(&name(d, p), describe(&e))))),
         }

@@ -23,7 +23,7 @@ use ocrctl::documents::inputs::{self, Document, PageLoader};
 use ocrctl::generation::engine::{Engine, GenRequest};
 use ocrctl::generation::outcome::{self, FailReason, PageEvent, PageOutcome, RetryPolicy};
 use ocrctl::generation::pipeline::PagePipeline;
-use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
+use ocrctl::generation::sampling::{LoopGuard, SamplingOverrides, SamplingParams};
 use ocrctl::model::preprocess;
 use ocrctl::runtime::devices::Device;
 use ocrctl::runtime::ortmodel::OrtModel;
@@ -177,35 +177,42 @@ fn engine_options(
         .collect()
 }
 
+/// The sampling flags applied to the model's defaults (as `serve` applies a request's
+/// fields), checked; a bad value is named by its flag. Says when the defaults sample.
+fn sampling(a: &OcrArgs, pipeline: &PagePipeline) -> anyhow::Result<SamplingParams> {
+    let overrides = SamplingOverrides {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        repetition_penalty: a.repetition_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        logit_bias: Some(ocrctl::generation::sampling::logit_bias(
+            a.logit_bias.iter().copied(),
+        )),
+        seed: a.seed,
+        loop_guard: a.loop_guard.then(LoopGuard::default),
+    };
+    let params = pipeline.sampling(&overrides);
+    let base = &pipeline.defaults;
+    if a.temperature.is_none() && base.temperature > 0.0 && !a.quiet {
+        eprintln!(
+            "ocrctl: sampling with the model's generation_config.json (temperature {}, top-p {}); \
+             --temperature 0 for greedy",
+            base.temperature,
+            a.top_p.unwrap_or(base.top_p)
+        );
+    }
+    params.map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
+}
+
 /// Runs OCR over all inputs; returns exit code 2 if any input, document or page failed.
 pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     // A wrong --model is named before anything else reads from it.
     let (opts, profile, export) = a.rt.open(&a.model)?;
     // The same defaults as `serve`: the model's generation_config.json, flags override.
     let pipeline = PagePipeline::new(export.clone())?;
-    let base = pipeline.defaults.clone();
-    let params = SamplingParams {
-        temperature: a.temperature.unwrap_or(base.temperature),
-        top_p: a.top_p.unwrap_or(base.top_p),
-        top_k: a.top_k.unwrap_or(base.top_k),
-        repetition_penalty: a.repetition_penalty.unwrap_or(base.repetition_penalty),
-        presence_penalty: a.presence_penalty.unwrap_or(base.presence_penalty),
-        frequency_penalty: a.frequency_penalty.unwrap_or(base.frequency_penalty),
-        logit_bias: ocrctl::generation::sampling::logit_bias(a.logit_bias.iter().copied()),
-        seed: a.seed,
-        loop_guard: a.loop_guard.then(LoopGuard::default),
-    };
-    if a.temperature.is_none() && base.temperature > 0.0 && !a.quiet {
-        eprintln!(
-            "ocrctl: sampling with the model's generation_config.json (temperature {}, top-p {}); \
-             --temperature 0 for greedy",
-            params.temperature, params.top_p
-        );
-    }
-    params
-        .validate()
-        .and_then(|()| params.check_vocab(export.config().text.vocab_size))
-        .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
+    let params = sampling(&a, &pipeline)?;
     let batch_size = a
         .batch_size
         .or(profile.as_ref().map(|p| p.max_batch_size as usize))
@@ -448,10 +455,11 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
             image_tokens: p.image_tokens,
         };
         let req = GenRequest {
-            params: self.params.clone(),
             ignore_eos: self.a.ignore_eos,
             top_logprobs: self.a.top_logprobs,
-            ..self.pipeline.request(p, self.max_tokens)
+            ..self
+                .pipeline
+                .request_with(p, self.params.clone(), self.max_tokens)
         };
         Ok((m, req))
     }

@@ -222,7 +222,6 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let (mut opts, profile, export) = a.rt.open(&a.model)?;
     let profile = profile.expect("a profile is always set above");
-    let cfg = export.config().clone();
     let mut pipeline = ocrctl::generation::pipeline::PagePipeline::new(export.clone())?;
     pipeline.preprocess.longest_edge = pipeline.preprocess.longest_edge.min(profile.max_image_side);
     // Warm-up pages, made as a page of that size is for a request (before anything loads, so
@@ -243,13 +242,12 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             Ok((p.pixel_values, p.prompt_ids))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (prompter, pre) = (export.prompter.clone(), pipeline.preprocess.clone());
-    let (stop_ids, mut defaults) = (export.stop_ids.clone(), pipeline.defaults.clone());
     // Computed once here (a scan of the vocabulary), not by the first request's handler.
-    prompter.max_token_bytes();
+    pipeline.prompter().max_token_bytes();
     let warm = Arc::new(warm);
     if a.loop_guard {
-        defaults.loop_guard = Some(LoopGuard::default());
+        // The server's defaults: requests override the rest, never this.
+        pipeline.defaults.loop_guard = Some(LoopGuard::default());
     }
     let batch = a.batch_size.unwrap_or(profile.max_batch_size as usize);
     if batch == 0 {
@@ -311,9 +309,6 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             open_metrics: a.open_metrics,
             allow_remote_images: a.allow_remote_images,
             request_timeout: Duration::from_secs(a.request_timeout),
-            defaults,
-            stop_ids,
-            vocab_size: cfg.text.vocab_size,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -330,8 +325,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
         },
         shared: shared.clone(),
-        prompter: prompter.clone(),
-        pre,
+        pipeline,
         stopping: AtomicBool::new(false),
         gpu_memory: uses_gpu
             .then_some(ocrctl::runtime::gpumem::process_gpu_memory as fn() -> Option<u64>),

@@ -4,8 +4,9 @@
 //! A [`PagePipeline`] is made from an opened [`Export`] (which read the prompt builder, the
 //! image preprocessing and the stop ids) and adds the sampling defaults of its
 //! `generation_config.json`. [`PagePipeline::prepare`] turns a decoded page into its pixels
-//! and prompt ids; [`PagePipeline::request`] makes the engine's request with the model's
-//! defaults, which a caller may then override (CLI flags, request fields).
+//! and prompt ids; [`PagePipeline::sampling`] applies a caller's [`SamplingOverrides`] (CLI
+//! flags, request fields) to the model's defaults, and [`PagePipeline::request`] (or
+//! [`PagePipeline::request_with`] those values) makes the engine's request.
 //!
 //! ```no_run
 //! use ocrctl::generation::pipeline::PagePipeline;
@@ -19,7 +20,7 @@
 //! ```
 
 use crate::generation::engine::GenRequest;
-use crate::generation::sampling::SamplingParams;
+use crate::generation::sampling::{SamplingError, SamplingOverrides, SamplingParams};
 use crate::model::export::Export;
 use crate::model::preprocess::{self, Pixels, PreprocessConfig};
 use crate::model::prompt::{PromptError, Prompter};
@@ -115,10 +116,25 @@ impl PagePipeline {
         })
     }
 
+    /// The model's defaults with a caller's `overrides` applied, checked (ranges, and
+    /// `logit_bias`'s ids against the vocabulary): every caller's sampling goes through here.
+    pub fn sampling(&self, overrides: &SamplingOverrides) -> Result<SamplingParams, SamplingError> {
+        overrides.apply_checked(&self.defaults, self.export.config().text.vocab_size)
+    }
+
     /// The engine's request for `page`: the model's sampling defaults and stop ids, at most
     /// `max_new_tokens` new tokens.
     pub fn request(&self, page: PreparedPage, max_new_tokens: usize) -> GenRequest {
-        let params = self.defaults.clone();
+        self.request_with(page, self.defaults.clone(), max_new_tokens)
+    }
+
+    /// [`PagePipeline::request`] sampled with `params` (from [`PagePipeline::sampling`]).
+    pub fn request_with(
+        &self,
+        page: PreparedPage,
+        params: SamplingParams,
+        max_new_tokens: usize,
+    ) -> GenRequest {
         self.prompt_request(
             page.prompt_ids,
             vec![page.pixel_values],
