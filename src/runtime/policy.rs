@@ -235,3 +235,28 @@ fn closest_precision(p: &Profile, have: &[Precision]) -> Precision {
         .find(|x| have.contains(x))
         .unwrap_or(have[0])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_precision_gives_way_to_the_closest_exported_one() {
+        let (cpu, gpu) = (
+            Profile::load("cpu").unwrap(),
+            Profile::load("16gb").unwrap(),
+        );
+        let quick = [Precision::Fp32, Precision::Fp16];
+        assert_eq!(closest_precision(&cpu, &quick), Precision::Fp32);
+        assert_eq!(closest_precision(&gpu, &quick), Precision::Fp16);
+        let int4 = Profile {
+            precision: Precision::Int4,
+            ..cpu
+        };
+        assert_eq!(
+            closest_precision(&int4, &[Precision::Fp16]),
+            Precision::Fp16
+        );
+        assert_eq!(closest_precision(&int4, &quick), Precision::Fp32);
+    }
+}
