@@ -23,7 +23,7 @@ use clap::Args;
 use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::generation::generate::prompt_embeds;
 use ocrctl::generation::pipeline::synthetic_page;
-use ocrctl::generation::sampling::SamplingParams;
+use ocrctl::generation::sampling::{SamplingOverrides, SamplingParams};
 use ocrctl::runtime::backend::Backend;
 use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
 use serde_json::{json, Value};
@@ -130,29 +130,30 @@ pub fn peak_rss_mib() -> Option<f64> {
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     // The sweep's requests: greedy unless --temperature, seeded so that runs repeat.
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        repetition_penalty: a.repetition_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        logit_bias: ocrctl::generation::sampling::logit_bias(a.logit_bias.iter().copied()),
+    let params = SamplingOverrides {
+        temperature: Some(a.temperature),
+        top_p: Some(a.top_p),
+        top_k: Some(a.top_k),
+        repetition_penalty: Some(a.repetition_penalty),
+        presence_penalty: Some(a.presence_penalty),
+        frequency_penalty: Some(a.frequency_penalty),
+        logit_bias: Some(ocrctl::generation::sampling::logit_bias(
+            a.logit_bias.iter().copied(),
+        )),
         seed: Some(0),
-        ..SamplingParams::greedy()
-    };
+        loop_guard: None,
+    }
+    .apply(&SamplingParams::greedy());
     params
         .validate()
         .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
-    let (mut opts, _profile) = a.rt.load_options(&a.model)?;
+    let (mut opts, _profile, export) = a.rt.open(&a.model)?;
     opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
-    let cfg = ocrctl_exporters::export::Manifest::load(&a.model)
-        .with_context(|| format!("--model {}", a.model.display()))?
-        .model;
+    let cfg = export.config().clone();
     params
         .check_vocab(cfg.text.vocab_size)
         .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
-    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
+    let pipeline = ocrctl::generation::pipeline::PagePipeline::new(export.clone())?;
     if opts.max_sequence_length == 0 {
         // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
         let mut longest = 0;
@@ -164,7 +165,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let precision = opts.precision;
     let t0 = Instant::now();
-    let mut model = OrtModel::load(&a.model, &opts)?;
+    let mut model = OrtModel::open(&export, &opts)?;
     let load_s = t0.elapsed().as_secs_f64();
     model.set_kv_path(match a.kv_path {
         KvPathArg::Bound => KvPath::Bound,
@@ -250,12 +251,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             engine.max_batch = b.max(1);
             let n = b.max(1) * a.pages_per_slot as usize;
             let req = GenRequest {
-                params: params.clone(),
                 stop_ids: vec![],
                 ignore_eos: true,
                 logprobs: a.top_logprobs > 0,
                 top_logprobs: a.top_logprobs,
-                ..pipeline.request(page.clone(), a.new_tokens)
+                ..pipeline.request_with(page.clone(), params.clone(), a.new_tokens)
             };
             let before = engine.backend.kv_stats().clone();
             let t = Instant::now();

@@ -2,18 +2,20 @@
 //!
 //! `--profile NAME|PATH` (see `ocrctl profiles list`) sets the precision, providers and their
 //! options (CUDA arena, TensorRT workspace, caches and min/opt/max shapes), CPU threads,
-//! batch size and token limits; explicit flags override it.
+//! batch size and token limits; explicit flags override it ([`ocrctl::runtime::policy`] makes
+//! the two into load options). `--model` is opened once ([`open_export`]) and the
+//! [`Export`] handed to everything that runs it.
 
 use anyhow::Context;
 use clap::Args;
-use ocrctl::profile::{trt_shapes, ArenaExtendStrategy, ModelDims, Profile};
+use ocrctl::model::export::{Export, OpenError};
+use ocrctl::profile::Profile;
 use ocrctl::runtime::ortmodel::LoadOptions;
-use ocrctl::runtime::providers::{CudaConfig, Provider, ProviderConfig, TrtConfig};
-use ocrctl_exporters::contract::graph;
-use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
+use ocrctl::runtime::policy::{self, RuntimeChoices};
+use ocrctl::runtime::providers::Provider;
+use ocrctl_exporters::export::{DecoderVariant, Precision};
 use std::path::{Path, PathBuf};
-
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+use std::sync::Arc;
 
 /// How to run an exported model.
 #[derive(Args, Debug, Clone)]
@@ -72,56 +74,6 @@ pub struct RuntimeArgs {
     #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "off", action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new())]
     pub prefill_stage: bool,
-}
-
-/// The profile's precision, or, when the export in `model` lacks it and `--precision` was not
-/// given, the exported precision closest to it (same activation type first: int4 → fp32,
-/// int4-fp16 → fp16; then 16-bit before 32-bit on a GPU profile), with one line saying so. A
-/// quick-start export (fp32, fp16) thus runs under every profile.
-fn profile_precision(p: &Profile, model: &Path) -> Precision {
-    let Ok(m) = Manifest::load(model) else {
-        return p.precision; // the load reports what is wrong with the folder
-    };
-    if m.precisions.contains(&p.precision) || m.precisions.is_empty() {
-        return p.precision;
-    }
-    let gpu = p.providers.iter().any(|x| *x != Provider::Cpu);
-    let order: &[Precision] = match (p.precision, gpu) {
-        (Precision::Int4, _) => &[Precision::Fp32, Precision::Int4Fp16, Precision::Fp16],
-        (Precision::Int4Fp16, _) => &[Precision::Fp16, Precision::Int4, Precision::Fp32],
-        (_, true) => &[
-            Precision::Fp16,
-            Precision::Int4Fp16,
-            Precision::Fp32,
-            Precision::Int4,
-        ],
-        (_, false) => &[
-            Precision::Fp32,
-            Precision::Int4,
-            Precision::Fp16,
-            Precision::Int4Fp16,
-        ],
-    };
-    let chosen = order
-        .iter()
-        .copied()
-        .find(|x| m.precisions.contains(x))
-        .unwrap_or(m.precisions[0]);
-    eprintln!(
-        "ocrctl: profile {} wants {}, which {} was not exported with (it has {}); using {} \
-         (--precision chooses; export --precision {} for the profile's own)",
-        p.name,
-        p.precision.name(),
-        model.display(),
-        m.precisions
-            .iter()
-            .map(|x| x.name())
-            .collect::<Vec<_>>()
-            .join(", "),
-        chosen.name(),
-        p.precision.name()
-    );
-    chosen
 }
 
 /// One `--logit-bias` entry: `ID=BIAS` (a token id and the bias added to its logit, -100
@@ -194,137 +146,74 @@ impl RuntimeArgs {
             .with_context(|| format!("--profile {name}"))
     }
 
-    /// The load options these flags (and the profile) describe for the export in `model`.
-    pub fn load_options(&self, model: &Path) -> anyhow::Result<(LoadOptions, Option<Profile>)> {
+    /// The profile and the explicit choices of these flags, checked (before any export is
+    /// read, so that a wrong flag is named first).
+    fn resolve(&self) -> anyhow::Result<(Option<Profile>, RuntimeChoices)> {
         let profile = self.profile()?;
-        let precision = match (&self.precision, &profile) {
-            (Some(p), _) => Precision::parse(p).context("--precision")?,
-            (None, Some(pr)) => profile_precision(pr, model),
-            (None, None) => Precision::Fp32,
+        let precision = match &self.precision {
+            Some(p) => Some(Precision::parse(p).context("--precision")?),
+            None => None,
         };
-        let mut lo = LoadOptions::new(precision);
-        lo.ort_lib = self.ort_lib.clone();
-        lo.accuracy_level = self.accuracy_level;
-        lo.verify = !self.no_verify;
-        lo.decoder = self.decoder;
-        if let Some(p) = &profile {
-            lo.kv_slots = p.max_batch_size.max(1) as usize;
-            lo.max_sequence_length = p.max_sequence_length as usize;
-            lo.kv_cache_bytes = (p.kv_cache_gb > 0.0).then_some((p.kv_cache_gb * GIB) as usize);
-        }
-        if let Some(g) = self.kv_cache_gb {
-            lo.kv_cache_bytes = Some((g * GIB) as usize);
-        }
-        lo.threads = self
-            .threads
-            .or(profile
-                .as_ref()
-                .and_then(|p| p.cpu.as_ref())
-                .map(|c| c.threads as usize))
-            .unwrap_or(0);
-        let mut pc = ProviderConfig {
-            order: self
-                .providers
-                .clone()
-                .or(profile.as_ref().map(|p| p.providers.clone()))
-                .unwrap_or(vec![Provider::Cpu]),
-            strict: self.strict_providers,
-            ..ProviderConfig::default()
+        let choices = RuntimeChoices {
+            precision,
+            providers: self.providers.clone(),
+            strict_providers: self.strict_providers,
+            threads: self.threads,
+            ort_lib: self.ort_lib.clone(),
+            accuracy_level: self.accuracy_level,
+            decoder: self.decoder,
+            kv_cache_gb: self.kv_cache_gb,
+            verify: !self.no_verify,
+            cuda_graphs: self.cuda_graphs,
+            vision_stage: self.vision_stage,
+            prefill_stage: self.prefill_stage,
         };
-        if let Some(p) = &profile {
-            if let Some(c) = &p.cuda {
-                pc.cuda = CudaConfig {
-                    memory_limit: (c.memory_limit_gb > 0.0)
-                        .then_some((c.memory_limit_gb * GIB) as usize),
-                    same_as_requested: c.arena_extend_strategy
-                        == ArenaExtendStrategy::SameAsRequested,
-                    cuda_graphs: c.cuda_graphs,
-                };
-            }
-            if let Some(t) = &p.tensorrt {
-                let mut trt = TrtConfig {
-                    workspace: Some((t.workspace_gb * GIB) as usize),
-                    engine_cache: Some(t.engine_cache_path(model)),
-                    timing_cache: Some(t.timing_cache_path(model)),
-                    builder_optimization_level: Some(t.builder_optimization_level),
-                    fp16: t.fp16,
-                    shapes: Default::default(),
-                };
-                if let Ok(m) = Manifest::load(model) {
-                    let s = trt_shapes(p, &ModelDims::from_config(&m.model));
-                    for (part, r) in [
-                        (graph::VISION, s.vision_encoder),
-                        (graph::EMBED, s.embed_tokens),
-                        (graph::DECODER_MERGED, s.decoder),
-                    ] {
-                        trt.shapes.insert(
-                            format!("{part}{}", precision.suffix()),
-                            (r.min, r.opt, r.max),
-                        );
-                    }
-                }
-                pc.trt = trt;
-            }
-            if let Some(t) = &p.tensorrt_rtx {
-                pc.trt_rtx = trt_rtx_config(model, p, t);
-            }
-        }
-        if let Some(g) = self.cuda_graphs {
-            pc.cuda.cuda_graphs = g;
-        }
-        lo.providers = pc;
-        lo.vision_stage = self.vision_stage;
-        lo.prefill_stage = self.prefill_stage;
+        Ok((profile, choices))
+    }
+
+    /// Checks these flags, opens the export in `model` (once: the value goes to every part
+    /// that runs it) and returns its load options, the profile and the export.
+    pub fn open(
+        &self,
+        model: &Path,
+    ) -> anyhow::Result<(LoadOptions, Option<Profile>, Arc<Export>)> {
+        let (profile, choices) = self.resolve()?;
+        let export = open_export(model)?;
+        let lo = options_for(&export, profile.as_ref(), &choices);
+        Ok((lo, profile, export))
+    }
+
+    /// The load options these flags (and the profile) describe for an opened `export`.
+    pub fn load_options(&self, export: &Export) -> anyhow::Result<(LoadOptions, Option<Profile>)> {
+        let (profile, choices) = self.resolve()?;
+        let lo = options_for(export, profile.as_ref(), &choices);
         Ok((lo, profile))
     }
 }
 
-/// The TensorRT-RTX provider's settings for `model` under profile `p`: shape ranges for
-/// engines the provider builds itself, and the prebuilt engines when they match (else one
-/// log line says why they are not used).
-fn trt_rtx_config(
-    model: &Path,
-    p: &Profile,
-    t: &ocrctl::profile::TensorRtRtxSection,
-) -> ocrctl::runtime::trtrtx::TrtRtxConfig {
-    use ocrctl::runtime::trtrtx::{self, engines};
-    let mut c = trtrtx::TrtRtxConfig {
-        runtime_cache: Some(model.join(&t.runtime_cache_dir)),
-        cuda_graphs: t.cuda_graphs,
-        workspace: (t.workspace_gb > 0.0).then_some((t.workspace_gb * GIB) as usize),
-        ..Default::default()
-    };
-    let Ok(m) = Manifest::load(model) else {
-        return c;
-    };
-    let Ok(spec) = engines::BuildSpec::new(&m, p) else {
-        // Not a --target tensorrt export (or not this precision): the model loader says so.
-        return c;
-    };
-    for g in &spec.graphs {
-        c.shapes.insert(
-            g.stem.clone(),
-            (g.min.clone(), g.opt.clone(), g.max.clone()),
-        );
+/// The library's load options for `export`, saying in one line when the profile's precision
+/// was not exported and another is used.
+fn options_for(
+    export: &Export,
+    profile: Option<&Profile>,
+    choices: &RuntimeChoices,
+) -> LoadOptions {
+    let (lo, notice) = policy::load_options(export, profile, choices);
+    if let Some(n) = notice {
+        eprintln!("{n}");
     }
-    let runtime = trtrtx::plugin_library()
-        .ok()
-        .and_then(|l| trtrtx::bundled_version(&l));
-    let set = m.engines.get(&p.name);
-    match engines::check(set, &spec, runtime.as_deref(), model) {
-        Ok(()) => {
-            let set = set.expect("a matching set exists");
-            c.engines = engines::context_models(set, &spec, model)
-                .into_iter()
-                .collect();
+    lo
+}
+
+/// Opens the export `--model` names; a folder that is not one is named with the flag.
+pub fn open_export(model: &Path) -> anyhow::Result<Arc<Export>> {
+    match Export::open(model) {
+        Ok(e) => Ok(Arc::new(e)),
+        Err(OpenError::Manifest(e)) => {
+            Err(anyhow::Error::new(e).context(format!("--model {}", model.display())))
         }
-        Err(why) => {
-            if p.providers.first() == Some(&Provider::TensorRtRtx) {
-                tracing::info!("tensorrt-rtx: prebuilt engines not used: {why}; the provider builds them when a session starts");
-            }
-        }
+        Err(e) => Err(e.into()),
     }
-    c
 }
 
 /// An error and its causes on one line, each cause once: errors that already print their

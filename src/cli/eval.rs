@@ -9,6 +9,7 @@
 
 use anyhow::Context;
 use clap::Args;
+use ocrctl::model::export::Export;
 use ocrctl::model::preprocess;
 use ocrctl::quality::eval::{compare, ImageEval};
 use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
@@ -16,6 +17,7 @@ use ocrctl_exporters::export::Precision;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// Arguments of `ocrctl eval`.
 #[derive(Args, Debug)]
@@ -50,7 +52,7 @@ fn load(
     precision: &str,
     a: &EvalArgs,
     flag: &str,
-) -> anyhow::Result<OrtModel> {
+) -> anyhow::Result<(OrtModel, Arc<Export>)> {
     let precision = Precision::parse(precision).with_context(|| flag.to_string())?;
     let opts = LoadOptions {
         precision,
@@ -60,7 +62,8 @@ fn load(
         providers: Default::default(),
         ..LoadOptions::new(precision)
     };
-    Ok(OrtModel::load(dir, &opts)?)
+    let export = Arc::new(Export::open(dir)?);
+    Ok((OrtModel::open(&export, &opts)?, export))
 }
 
 /// Runs the comparison (or, with `--truth`, the error rates) and prints per-image rows and
@@ -72,13 +75,13 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
     let (Some(reference_dir), Some(candidate_dir)) = (&a.reference, &a.candidate) else {
         anyhow::bail!("--reference and --candidate are required without --truth");
     };
-    let mut reference = load(
+    let (mut reference, reference_export) = load(
         reference_dir,
         &a.reference_precision,
         &a,
         "--reference-precision",
     )?;
-    let mut candidate = load(
+    let (mut candidate, _) = load(
         candidate_dir,
         &a.candidate_precision,
         &a,
@@ -90,7 +93,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             "--candidate: its model config differs from the reference's (different checkpoints?)"
         );
     }
-    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(reference_dir, &cfg)?;
+    let pipeline = ocrctl::generation::pipeline::PagePipeline::new(reference_export)?;
     let mut rows: Vec<(String, ImageEval)> = Vec::new();
     for path in &a.images {
         let img = preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS)?;

@@ -14,17 +14,19 @@ use anyhow::Context;
 use clap::Args;
 use ocrctl::documents::inputs::PageLoader;
 use ocrctl::documents::pdf::sandbox::{PdfLimits, PdfReader, Sandbox};
-use ocrctl::generation::engine::{Engine, GenRequest};
+use ocrctl::generation::engine::Engine;
 use ocrctl::generation::pipeline::PagePipeline;
-use ocrctl::generation::sampling::SamplingParams;
+use ocrctl::generation::sampling::{SamplingOverrides, SamplingParams};
+use ocrctl::model::export::Export;
 use ocrctl::model::preprocess;
 use ocrctl::quality::cer::{self, Score};
 use ocrctl::quality::truth::{self, TruthSet};
 use ocrctl::runtime::ortmodel::OrtModel;
-use ocrctl_exporters::export::{DecoderVariant, Manifest};
+use ocrctl_exporters::export::DecoderVariant;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// The `--truth` options of `ocrctl eval`.
 #[derive(Args, Debug)]
@@ -113,16 +115,15 @@ pub fn run(a: &TruthArgs, json: bool) -> anyhow::Result<ExitCode> {
     };
     let mut runs = Vec::new();
     for model in &a.model {
-        let manifest =
-            Manifest::load(model).with_context(|| format!("--model {}", model.display()))?;
-        let pipeline = PagePipeline::load(model, &manifest.model)
-            .with_context(|| format!("--model {}", model.display()))?;
+        let with_model = || format!("--model {}", model.display());
+        let export = Export::open(model).with_context(with_model)?;
+        let pipeline = PagePipeline::new(Arc::new(export)).with_context(with_model)?;
         for p in &precisions {
             let rt = RuntimeArgs {
                 precision: p.clone(),
                 ..a.rt.clone()
             };
-            runs.push(run_one(a, model, &rt, &manifest, &pipeline, &set)?);
+            runs.push(run_one(a, model, &rt, &pipeline, &set)?);
         }
     }
     if json {
@@ -143,11 +144,11 @@ fn run_one(
     a: &TruthArgs,
     model: &Path,
     rt: &RuntimeArgs,
-    manifest: &Manifest,
     pipeline: &PagePipeline,
     set: &TruthSet,
 ) -> anyhow::Result<Run> {
-    let (mut opts, profile) = rt.load_options(model)?;
+    let export = pipeline.export();
+    let (mut opts, profile) = rt.load_options(export)?;
     let batch = a
         .batch_size
         .or(profile.as_ref().map(|p| p.max_batch_size as usize))
@@ -161,11 +162,11 @@ fn run_one(
     }
     opts.kv_slots = batch;
     let precision = opts.precision.name();
-    let m = OrtModel::load(model, &opts)
+    let m = OrtModel::open(export, &opts)
         .with_context(|| format!("--model {} at {precision}", model.display()))?;
     let decoder = m.decoder_variant();
     let kv_cache = match decoder {
-        DecoderVariant::Gqa => manifest.kv_cache.name(),
+        DecoderVariant::Gqa => export.manifest.kv_cache.name(),
         _ => "auto",
     };
     eprintln!(
@@ -175,11 +176,12 @@ fn run_one(
         model.display()
     );
     // Greedy, the model's other defaults: what `ocrctl ocr --temperature 0` runs.
-    let params = SamplingParams {
-        temperature: 0.0,
-        ..pipeline.defaults.clone()
+    let greedy = SamplingOverrides {
+        temperature: Some(0.0),
+        ..Default::default()
     };
-    let mut engine = Engine::new(m, batch, pipeline.image_token_id);
+    let params = greedy.apply(&pipeline.defaults);
+    let mut engine = Engine::new(m, batch, pipeline.image_token_id());
     let pages = read_pages(&mut engine, pipeline, set, &params, max_tokens, a);
     Ok(Run {
         model: model.to_path_buf(),
@@ -221,10 +223,7 @@ fn read_pages(
         match page {
             Ok(page) => {
                 order.push((d, p));
-                return Some(GenRequest {
-                    params: params.clone(),
-                    ..pipeline.request(page, max_tokens)
-                });
+                return Some(pipeline.request_with(page, params.clone(), max_tokens));
             }
             Err(e) => out.push((d, p, Err(named(&name(d, p), describe(&e))))),
         }

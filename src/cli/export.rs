@@ -134,8 +134,9 @@ fn calibrate(
     export(&copts, &mut |_| {})?;
     let mut lo = LoadOptions::new(Precision::Fp32);
     lo.ort_lib = ort_lib;
-    let mut model = OrtModel::load(&calib_out, &lo)?;
-    let c = calibrate::collect(&mut model, &calib_out, &images, kv_scale)?;
+    let calib = std::sync::Arc::new(ocrctl::model::export::Export::open(&calib_out)?);
+    let mut model = OrtModel::open(&calib, &lo)?;
+    let c = calibrate::collect(&mut model, calib, &images, kv_scale)?;
     if c.images == 0 {
         anyhow::bail!(
             "--calibrate {}: none of the {} image file(s) could be read",

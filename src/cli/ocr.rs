@@ -22,7 +22,8 @@ use clap::Args;
 use ocrctl::documents::inputs::{self, Document, PageLoader};
 use ocrctl::generation::engine::{Engine, GenRequest};
 use ocrctl::generation::outcome::{self, FailReason, PageEvent, PageOutcome, RetryPolicy};
-use ocrctl::generation::sampling::{LoopGuard, SamplingParams};
+use ocrctl::generation::pipeline::PagePipeline;
+use ocrctl::generation::sampling::{LoopGuard, SamplingOverrides, SamplingParams};
 use ocrctl::model::preprocess;
 use ocrctl::runtime::devices::Device;
 use ocrctl::runtime::ortmodel::OrtModel;
@@ -176,36 +177,42 @@ fn engine_options(
         .collect()
 }
 
-/// Runs OCR over all inputs; returns exit code 2 if any input, document or page failed.
-pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
-    let (opts, profile) = a.rt.load_options(&a.model)?;
-    // A wrong --model is named before anything else reads from it.
-    let manifest = ocrctl_exporters::export::Manifest::load(&a.model)
-        .with_context(|| format!("--model {}", a.model.display()))?;
-    // The same defaults as `serve`: the model's generation_config.json, flags override.
-    let base = SamplingParams::model_defaults(&a.model).map_err(anyhow::Error::msg)?;
-    let params = SamplingParams {
-        temperature: a.temperature.unwrap_or(base.temperature),
-        top_p: a.top_p.unwrap_or(base.top_p),
-        top_k: a.top_k.unwrap_or(base.top_k),
-        repetition_penalty: a.repetition_penalty.unwrap_or(base.repetition_penalty),
-        presence_penalty: a.presence_penalty.unwrap_or(base.presence_penalty),
-        frequency_penalty: a.frequency_penalty.unwrap_or(base.frequency_penalty),
-        logit_bias: ocrctl::generation::sampling::logit_bias(a.logit_bias.iter().copied()),
+/// The sampling flags applied to the model's defaults (as `serve` applies a request's
+/// fields), checked; a bad value is named by its flag. Says when the defaults sample.
+fn sampling(a: &OcrArgs, pipeline: &PagePipeline) -> anyhow::Result<SamplingParams> {
+    let overrides = SamplingOverrides {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        repetition_penalty: a.repetition_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        logit_bias: Some(ocrctl::generation::sampling::logit_bias(
+            a.logit_bias.iter().copied(),
+        )),
         seed: a.seed,
         loop_guard: a.loop_guard.then(LoopGuard::default),
     };
+    let params = pipeline.sampling(&overrides);
+    let base = &pipeline.defaults;
     if a.temperature.is_none() && base.temperature > 0.0 && !a.quiet {
         eprintln!(
             "ocrctl: sampling with the model's generation_config.json (temperature {}, top-p {}); \
              --temperature 0 for greedy",
-            params.temperature, params.top_p
+            base.temperature,
+            a.top_p.unwrap_or(base.top_p)
         );
     }
-    params
-        .validate()
-        .and_then(|()| params.check_vocab(manifest.model.text.vocab_size))
-        .map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))?;
+    params.map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
+}
+
+/// Runs OCR over all inputs; returns exit code 2 if any input, document or page failed.
+pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
+    // A wrong --model is named before anything else reads from it.
+    let (opts, profile, export) = a.rt.open(&a.model)?;
+    // The same defaults as `serve`: the model's generation_config.json, flags override.
+    let pipeline = PagePipeline::new(export.clone())?;
+    let params = sampling(&a, &pipeline)?;
     let batch_size = a
         .batch_size
         .or(profile.as_ref().map(|p| p.max_batch_size as usize))
@@ -260,15 +267,7 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
         opts.kv_slots = batch_size;
         let engines = engine_options(&a.devices, &opts)?;
         run_pages(
-            &a,
-            &docs,
-            &out,
-            &params,
-            batch_size,
-            max_tokens,
-            engines,
-            manifest.model,
-            post,
+            &a, &docs, &out, &params, batch_size, max_tokens, engines, pipeline, post,
         )?;
     }
     let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -313,7 +312,7 @@ struct Pages<'a, 'd, I> {
     out: &'a Mutex<Output<'d>>,
     units: Mutex<I>,
     loader: Mutex<PageLoader>,
-    pipeline: ocrctl::generation::pipeline::PagePipeline,
+    pipeline: PagePipeline,
     params: &'a SamplingParams,
     max_tokens: usize,
     policy: RetryPolicy,
@@ -332,10 +331,9 @@ fn run_pages<'a, 'd>(
     batch_size: usize,
     max_tokens: usize,
     engines: Vec<(String, ocrctl::runtime::ortmodel::LoadOptions)>,
-    cfg: ocrctl_exporters::config::ModelConfig,
+    pipeline: PagePipeline,
     post: crate::cli::ocr_post::Post,
 ) -> anyhow::Result<()> {
-    let pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
     let units = docs
         .iter()
         .enumerate()
@@ -363,7 +361,7 @@ fn run_pages<'a, 'd>(
             .map(|(label, opts)| {
                 let pages = &pages;
                 s.spawn(move || -> anyhow::Result<()> {
-                    let model = OrtModel::load(&a.model, &opts)
+                    let model = OrtModel::open(pages.pipeline.export(), &opts)
                         .with_context(|| format!("loading the model on {label}"));
                     let model = match model {
                         Ok(m) => m,
@@ -457,10 +455,11 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
             image_tokens: p.image_tokens,
         };
         let req = GenRequest {
-            params: self.params.clone(),
             ignore_eos: self.a.ignore_eos,
             top_logprobs: self.a.top_logprobs,
-            ..self.pipeline.request(p, self.max_tokens)
+            ..self
+                .pipeline
+                .request_with(p, self.params.clone(), self.max_tokens)
         };
         Ok((m, req))
     }
@@ -477,7 +476,7 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
     /// One engine's loop: takes pages while it has room until none are left; a page that
     /// did not finish goes again ([`outcome::run_with_retries`]).
     fn run_engine(&self, model: OrtModel, batch_size: usize) {
-        let mut engine = Engine::new(model, batch_size, self.pipeline.image_token_id);
+        let mut engine = Engine::new(model, batch_size, self.pipeline.image_token_id());
         outcome::run_with_retries(
             &mut engine,
             &self.policy,
@@ -517,14 +516,14 @@ impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
         let text_ids: &[u32] = match g
             .token_ids
             .iter()
-            .position(|t| self.pipeline.stop_ids.contains(t))
+            .position(|t| self.pipeline.stop_ids().contains(t))
         {
             Some(i) if !a.ignore_eos => &g.token_ids[..i],
             _ => &g.token_ids,
         };
         let text = self
             .pipeline
-            .prompter
+            .prompter()
             .decode(text_ids, true)
             .map_err(|e| format!("{name}: {e}"))?;
         let (text, post_fields) = self.post.apply(&docs[d], page, &name, text)?;

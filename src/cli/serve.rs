@@ -16,11 +16,11 @@ use anyhow::Context;
 use clap::Args;
 use ocrctl::generation::engine::{Engine, GenRequest};
 use ocrctl::generation::sampling::LoopGuard;
+use ocrctl::model::export::Export;
 use ocrctl::model::preprocess::DEFAULT_MAX_PIXELS;
 use ocrctl::runtime::devices::{self, Device};
 use ocrctl::runtime::ortmodel::OrtModel;
 use ocrctl::server::{worker, AppState, ServerConfig};
-use ocrctl_exporters::export::Manifest;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -143,11 +143,9 @@ fn warm_up(engine: &mut Engine<OrtModel>, pages: &[WarmPage]) -> anyhow::Result<
 fn spawn_engine(
     me: usize,
     label: String,
-    dir: PathBuf,
+    export: Arc<Export>,
     opts: ocrctl::runtime::ortmodel::LoadOptions,
     batch: usize,
-    image_token_id: u32,
-    prompter: Arc<ocrctl::model::prompt::Prompter>,
     shared: Arc<worker::Shared>,
     warm: Arc<Vec<WarmPage>>,
 ) -> anyhow::Result<()> {
@@ -161,13 +159,13 @@ fn spawn_engine(
         .name(format!("ocrctl-engine-{me}"))
         .spawn(move || {
             let t = std::time::Instant::now();
-            match OrtModel::load(&dir, &opts) {
+            match OrtModel::open(&export, &opts) {
                 Ok(model) => {
                     tracing::info!(
                         "model loaded{who} in {:.1} s (batch {batch})",
                         t.elapsed().as_secs_f64()
                     );
-                    let mut engine = Engine::new(model, batch, image_token_id);
+                    let mut engine = Engine::new(model, batch, export.config().image_token_id);
                     if !warm.is_empty() {
                         let t = std::time::Instant::now();
                         // A page that fails here would fail as a request too: said, not fatal.
@@ -180,7 +178,7 @@ fn spawn_engine(
                             Err(e) => tracing::warn!("--warm-up{who} failed: {e}"),
                         }
                     }
-                    let s2 = shared.clone();
+                    let (s2, prompter) = (shared.clone(), export.prompter.clone());
                     worker::supervise(
                         &shared,
                         me,
@@ -199,7 +197,7 @@ fn spawn_engine(
                     );
                 }
                 Err(e) => {
-                    tracing::error!("loading {}{who}: {e}", dir.display());
+                    tracing::error!("loading {}{who}: {e}", export.dir.display());
                     shared.set_failed(me, format!("loading the model failed: {e}"));
                     // A server that can never answer must not look alive to a supervisor.
                     if shared.state() == worker::ModelState::Failed {
@@ -222,12 +220,9 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .then(crate::cli::common::auto_profile);
         a.rt.profile = Some(auto.flatten().unwrap_or("cpu").into());
     }
-    let (mut opts, profile) = a.rt.load_options(&a.model)?;
+    let (mut opts, profile, export) = a.rt.open(&a.model)?;
     let profile = profile.expect("a profile is always set above");
-    let manifest =
-        Manifest::load(&a.model).with_context(|| format!("--model {}", a.model.display()))?;
-    let cfg = manifest.model.clone();
-    let mut pipeline = ocrctl::generation::pipeline::PagePipeline::load(&a.model, &cfg)?;
+    let mut pipeline = ocrctl::generation::pipeline::PagePipeline::new(export.clone())?;
     pipeline.preprocess.longest_edge = pipeline.preprocess.longest_edge.min(profile.max_image_side);
     // Warm-up pages, made as a page of that size is for a request (before anything loads, so
     // a bad size is an error at once).
@@ -247,19 +242,12 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             Ok((p.pixel_values, p.prompt_ids))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let ocrctl::generation::pipeline::PagePipeline {
-        prompter,
-        preprocess: pre,
-        stop_ids,
-        mut defaults,
-        ..
-    } = pipeline;
     // Computed once here (a scan of the vocabulary), not by the first request's handler.
-    prompter.max_token_bytes();
-    let prompter = Arc::new(prompter);
+    pipeline.prompter().max_token_bytes();
     let warm = Arc::new(warm);
     if a.loop_guard {
-        defaults.loop_guard = Some(LoopGuard::default());
+        // The server's defaults: requests override the rest, never this.
+        pipeline.defaults.loop_guard = Some(LoopGuard::default());
     }
     let batch = a.batch_size.unwrap_or(profile.max_batch_size as usize);
     if batch == 0 {
@@ -321,9 +309,6 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             open_metrics: a.open_metrics,
             allow_remote_images: a.allow_remote_images,
             request_timeout: Duration::from_secs(a.request_timeout),
-            defaults,
-            stop_ids,
-            vocab_size: cfg.text.vocab_size,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -340,8 +325,7 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
         },
         shared: shared.clone(),
-        prompter: prompter.clone(),
-        pre,
+        pipeline,
         stopping: AtomicBool::new(false),
         gpu_memory: uses_gpu
             .then_some(ocrctl::runtime::gpumem::process_gpu_memory as fn() -> Option<u64>),
@@ -357,11 +341,9 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
         spawn_engine(
             me,
             label,
-            a.model.clone(),
+            export.clone(),
             opts,
             batch,
-            cfg.image_token_id,
-            prompter.clone(),
             shared.clone(),
             warm.clone(),
         )?;

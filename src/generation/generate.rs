@@ -1,6 +1,6 @@
 //! What every decoding path shares, over any [`Backend`]: the multimodal [`prefill`] (the
 //! prompt's image-token rows of the embeddings replaced by the image features, transformers'
-//! `masked_scatter`, then the decoder over the whole prompt), the result types, stop ids, and
+//! `masked_scatter`, then the decoder over the whole prompt), the result types and
 //! the greedy choice with its top-K log-probabilities (log-softmax of float32 logits,
 //! accumulated in float64). The engine ([`crate::generation::engine`]) decodes with them.
 
@@ -36,26 +36,6 @@ pub struct Generation {
     pub logprobs: Vec<f32>,
     pub top_logprobs: Vec<Vec<TokenLogprob>>,
     pub finish_reason: FinishReason,
-}
-
-/// Stop ids of an exported model: `generation_config.json`'s `eos_token_id` (a number or a
-/// list) if the file has one, else `fallback` (the config's).
-pub fn stop_ids(model_dir: &std::path::Path, fallback: &[u32]) -> Vec<u32> {
-    let from_gen = std::fs::read_to_string(model_dir.join("generation_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| match v.get("eos_token_id") {
-            Some(serde_json::Value::Array(a)) => Some(
-                a.iter()
-                    .filter_map(|x| x.as_u64().map(|n| n as u32))
-                    .collect(),
-            ),
-            Some(x) => x.as_u64().map(|n| vec![n as u32]),
-            None => None,
-        });
-    from_gen
-        .filter(|v: &Vec<u32>| !v.is_empty())
-        .unwrap_or_else(|| fallback.to_vec())
 }
 
 /// The multimodal prefill on the engine's thread (a stage's prefill shares its first half,

@@ -1,18 +1,18 @@
 //! One page → one generation request: the part of LightOnOCR's recipe every command that
 //! reads pages shares (`ocr`, `serve`, `eval`, `bench`, calibration), in one place.
 //!
-//! A [`PagePipeline`] is read from an export once and holds the prompt builder (chat
-//! template, tokenizer, image token), the image preprocessing, the stop ids and the sampling
-//! defaults of `generation_config.json`. [`PagePipeline::prepare`] turns a decoded page into
-//! its pixels and prompt ids; [`PagePipeline::request`] makes the engine's request with the
-//! model's defaults, which a caller may then override (CLI flags, request fields).
+//! A [`PagePipeline`] is made from an opened [`Export`] (which read the prompt builder, the
+//! image preprocessing and the stop ids) and adds the sampling defaults of its
+//! `generation_config.json`. [`PagePipeline::prepare`] turns a decoded page into its pixels
+//! and prompt ids; [`PagePipeline::sampling`] applies a caller's [`SamplingOverrides`] (CLI
+//! flags, request fields) to the model's defaults, and [`PagePipeline::request`] (or
+//! [`PagePipeline::request_with`] those values) makes the engine's request.
 //!
 //! ```no_run
 //! use ocrctl::generation::pipeline::PagePipeline;
-//! use ocrctl_exporters::export::Manifest;
-//! let dir = std::path::Path::new("out/tiny");
-//! let cfg = Manifest::load(dir)?.model;
-//! let pipeline = PagePipeline::load(dir, &cfg)?;
+//! use ocrctl::model::export::Export;
+//! let export = Export::open(std::path::Path::new("out/tiny"))?;
+//! let pipeline = PagePipeline::new(std::sync::Arc::new(export))?;
 //! let img = image::open("page.png")?.to_rgb8();
 //! let req = pipeline.request(pipeline.prepare(&img)?, 1024);
 //! println!("{} prompt tokens", req.prompt_ids.len());
@@ -20,23 +20,17 @@
 //! ```
 
 use crate::generation::engine::GenRequest;
-use crate::generation::generate::stop_ids;
-use crate::generation::sampling::SamplingParams;
-use crate::model::preprocess::{self, Pixels, PreprocessConfig, PreprocessError};
+use crate::generation::sampling::{SamplingError, SamplingOverrides, SamplingParams};
+use crate::model::export::Export;
+use crate::model::preprocess::{self, Pixels, PreprocessConfig};
 use crate::model::prompt::{PromptError, Prompter};
 use image::RgbImage;
+use std::sync::Arc;
 
-use ocrctl_exporters::config::ModelConfig;
-use std::path::Path;
-
-/// Why an export's page recipe could not be read.
+/// Why an export's page recipe could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    #[error(transparent)]
-    Prompt(#[from] PromptError),
-    #[error(transparent)]
-    Preprocess(#[from] PreprocessError),
-    /// `generation_config.json` is unreadable or holds an invalid value.
+    /// `generation_config.json` holds an invalid value.
     #[error("{0}")]
     Defaults(String),
 }
@@ -57,31 +51,62 @@ pub struct PreparedPage {
 
 /// What turns pages into requests for one export (see the module documentation).
 pub struct PagePipeline {
-    pub prompter: Prompter,
+    export: Arc<Export>,
+    /// The export's preprocessing; a server lowers its longest edge to the profile's.
     pub preprocess: PreprocessConfig,
-    /// End-of-sequence ids (`generation_config.json`, else the config's).
-    pub stop_ids: Vec<u32>,
     /// Sampling defaults from `generation_config.json` (greedy when it has none).
     pub defaults: SamplingParams,
-    pub image_token_id: u32,
 }
 
 impl PagePipeline {
-    /// Reads the recipe of the export in `dir`, whose normalised config is `cfg`.
-    pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<PagePipeline, PipelineError> {
+    /// The recipe of an opened export: its sampling defaults read from the generation config
+    /// it holds (errors name the file).
+    pub fn new(export: Arc<Export>) -> Result<PagePipeline, PipelineError> {
+        let defaults = SamplingParams::defaults_of(
+            export.generation_config.as_ref(),
+            &export.generation_config_path(),
+        )
+        .map_err(PipelineError::Defaults)?;
         Ok(PagePipeline {
-            prompter: Prompter::from_model_dir(dir, cfg.image_token_id)?,
-            preprocess: PreprocessConfig::for_model(dir, cfg)?,
-            stop_ids: stop_ids(dir, &cfg.eos_token_ids),
-            defaults: SamplingParams::model_defaults(dir).map_err(PipelineError::Defaults)?,
-            image_token_id: cfg.image_token_id,
+            preprocess: export.preprocess.clone(),
+            defaults,
+            export,
         })
+    }
+
+    /// The export this recipe was made from.
+    pub fn export(&self) -> &Arc<Export> {
+        &self.export
+    }
+
+    /// Chat template and tokenizer.
+    pub fn prompter(&self) -> &Prompter {
+        &self.export.prompter
+    }
+
+    /// End-of-sequence ids (`generation_config.json`, else the config's).
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.export.stop_ids
+    }
+
+    /// The id of the placeholder token each image patch takes in a prompt.
+    pub fn image_token_id(&self) -> u32 {
+        self.export.config().image_token_id
     }
 
     /// Preprocesses a decoded page and builds its prompt (one image, no text).
     pub fn prepare(&self, img: &RgbImage) -> Result<PreparedPage, PromptError> {
+        self.prepare_with(img, None)
+    }
+
+    /// [`PagePipeline::prepare`] with the user's `text` after the image, when given.
+    pub fn prepare_with(
+        &self,
+        img: &RgbImage,
+        text: Option<&str>,
+    ) -> Result<PreparedPage, PromptError> {
         let p = preprocess::preprocess(img, &self.preprocess);
-        let prompt_ids = self.prompter.encode(&[p.num_image_tokens], None)?;
+        let prompt_ids = self.prompter().encode(&[p.num_image_tokens], text)?;
         Ok(PreparedPage {
             prompt_ids,
             pixel_values: p.pixel_values,
@@ -91,15 +116,48 @@ impl PagePipeline {
         })
     }
 
+    /// The model's defaults with a caller's `overrides` applied, checked (ranges, and
+    /// `logit_bias`'s ids against the vocabulary): every caller's sampling goes through here.
+    pub fn sampling(&self, overrides: &SamplingOverrides) -> Result<SamplingParams, SamplingError> {
+        overrides.apply_checked(&self.defaults, self.export.config().text.vocab_size)
+    }
+
     /// The engine's request for `page`: the model's sampling defaults and stop ids, at most
     /// `max_new_tokens` new tokens.
     pub fn request(&self, page: PreparedPage, max_new_tokens: usize) -> GenRequest {
-        GenRequest {
-            prompt_ids: page.prompt_ids,
-            images: vec![page.pixel_values],
-            params: self.defaults.clone(),
+        self.request_with(page, self.defaults.clone(), max_new_tokens)
+    }
+
+    /// [`PagePipeline::request`] sampled with `params` (from [`PagePipeline::sampling`]).
+    pub fn request_with(
+        &self,
+        page: PreparedPage,
+        params: SamplingParams,
+        max_new_tokens: usize,
+    ) -> GenRequest {
+        self.prompt_request(
+            page.prompt_ids,
+            vec![page.pixel_values],
+            params,
             max_new_tokens,
-            stop_ids: self.stop_ids.clone(),
+        )
+    }
+
+    /// The engine's request for a prompt already built (with one run of image tokens per
+    /// entry of `images`), sampled with `params`, stopping at the model's stop ids.
+    pub fn prompt_request(
+        &self,
+        prompt_ids: Vec<u32>,
+        images: Vec<Pixels>,
+        params: SamplingParams,
+        max_new_tokens: usize,
+    ) -> GenRequest {
+        GenRequest {
+            prompt_ids,
+            images,
+            params,
+            max_new_tokens,
+            stop_ids: self.export.stop_ids.clone(),
             ignore_eos: false,
             logprobs: false,
             top_logprobs: 0,
@@ -111,9 +169,9 @@ impl PagePipeline {
     pub fn text(&self, token_ids: &[u32]) -> Result<String, PromptError> {
         let end = token_ids
             .iter()
-            .position(|t| self.stop_ids.contains(t))
+            .position(|t| self.stop_ids().contains(t))
             .unwrap_or(token_ids.len());
-        self.prompter.decode(&token_ids[..end], true)
+        self.prompter().decode(&token_ids[..end], true)
     }
 }
 
@@ -148,7 +206,7 @@ mod tests {
         let cfg = ocrctl_exporters::export::export(&opts, &mut |_| {})
             .unwrap()
             .model;
-        let p = PagePipeline::load(&dir, &cfg).unwrap();
+        let p = PagePipeline::new(Arc::new(Export::open(&dir).unwrap())).unwrap();
         let golden: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string("tests/fixtures/tiny-lightonocr/golden/golden.json").unwrap(),
         )
@@ -160,7 +218,8 @@ mod tests {
             .find(|i| i["file"].as_str().unwrap().ends_with(".png"))
             .unwrap();
         let img = image::open(
-            Path::new("tests/fixtures/tiny-lightonocr").join(im["file"].as_str().unwrap()),
+            std::path::Path::new("tests/fixtures/tiny-lightonocr")
+                .join(im["file"].as_str().unwrap()),
         )
         .unwrap()
         .to_rgb8();

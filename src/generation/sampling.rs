@@ -45,17 +45,20 @@
 //! [`detect_loop`] / [`find_loop`] report when the end of the generated sequence is one block
 //! of tokens repeated back to back; see [`LoopGuard`] for the rule and its defaults.
 //!
-//! The parameters and their checks are in `params`, the penalties in `penalties`, choosing
-//! from the device's candidates in `candidates`.
+//! The parameters and their checks are in `params`, a caller's values over a model's defaults
+//! in `overrides` ([`SamplingOverrides`]), the penalties in `penalties`, choosing from the
+//! device's candidates in `candidates`.
 
 use crate::generation::generate::TokenLogprob;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 mod candidates;
 mod loop_guard;
+mod overrides;
 mod params;
 mod penalties;
 pub use loop_guard::{detect_loop, find_loop, LoopGuard, LoopMatch};
+pub use overrides::SamplingOverrides;
 pub use params::{logit_bias, SamplingError, SamplingParams};
 pub use penalties::{apply_logit_bias, apply_penalties};
 use penalties::{biased, penalised_all};

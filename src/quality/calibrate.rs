@@ -13,6 +13,7 @@
 //! the prompt's; those steps add nothing to the AWQ statistics.
 
 use crate::generation::generate::{argmax_and_top_k, prefill};
+use crate::model::export::Export;
 use crate::model::preprocess;
 use crate::runtime::backend::Backend;
 use crate::runtime::ortmodel::OrtModel;
@@ -67,12 +68,12 @@ pub struct Calibration {
     pub kv_decoded_tokens: usize,
 }
 
-/// Runs `model` (a calibration export) over `images`; with `kv_decode`, each page is also
-/// decoded greedily for up to [`KV_DECODE_TOKENS`] tokens for the KV range. Unreadable
-/// images are reported and skipped.
+/// Runs `model` (loaded from the calibration export `export`) over `images`; with
+/// `kv_decode`, each page is also decoded greedily for up to [`KV_DECODE_TOKENS`] tokens for
+/// the KV range. Unreadable images are reported and skipped.
 pub fn collect(
     model: &mut OrtModel,
-    dir: &Path,
+    export: Arc<Export>,
     images: &[PathBuf],
     kv_decode: bool,
 ) -> anyhow::Result<Calibration> {
@@ -116,8 +117,8 @@ pub fn collect(
         }
         s.rows += (data.len() / k) as u64;
     })));
-    let cfg = model.manifest.model.clone();
-    let pipeline = crate::generation::pipeline::PagePipeline::load(dir, &cfg)?;
+    let cfg = export.config().clone();
+    let pipeline = crate::generation::pipeline::PagePipeline::new(export)?;
     let mut used = 0;
     for path in images {
         let img = match preprocess::load_image(path, preprocess::DEFAULT_MAX_PIXELS) {
@@ -134,7 +135,7 @@ pub fn collect(
             decoding.store(true, Ordering::Relaxed);
             for _ in 0..KV_DECODE_TOKENS {
                 let (id, _) = argmax_and_top_k(&logits, 0);
-                if pipeline.stop_ids.contains(&id) {
+                if pipeline.stop_ids().contains(&id) {
                     break;
                 }
                 let e = model.embed(&[id])?;

@@ -6,7 +6,8 @@
 //! per device), [`ortlib`] (finding and loading `libonnxruntime`), [`cudalibs`] (the CUDA
 //! wheels the GPU provider needs), [`libsearch`] (where wheel libraries are looked for),
 //! [`gpumem`] (GPU memory from `nvidia-smi`), [`trtrtx`] (the TensorRT-RTX plugin provider and
-//! engines built ahead of time). In unit tests only, `fake` holds the one configurable fake
+//! engines built ahead of time), [`policy`] (a hardware profile and explicit choices made
+//! into an export's load options). In unit tests only, `fake` holds the one configurable fake
 //! `Backend` the tests use instead of a model.
 
 pub mod backend;
@@ -18,5 +19,6 @@ pub mod gpumem;
 pub mod libsearch;
 pub mod ortlib;
 pub mod ortmodel;
+pub mod policy;
 pub mod providers;
 pub mod trtrtx;

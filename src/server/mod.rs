@@ -25,9 +25,7 @@ pub mod stops;
 pub mod worker;
 pub mod write_timeout;
 
-use crate::generation::sampling::SamplingParams;
-use crate::model::preprocess::PreprocessConfig;
-use crate::model::prompt::Prompter;
+use crate::generation::pipeline::PagePipeline;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -58,11 +56,6 @@ pub struct ServerConfig {
     pub open_metrics: bool,
     pub allow_remote_images: bool,
     pub request_timeout: Duration,
-    /// Sampling defaults (from `generation_config.json`); requests override them.
-    pub defaults: SamplingParams,
-    pub stop_ids: Vec<u32>,
-    /// The model's vocabulary size (`logit_bias` ids must be below it).
-    pub vocab_size: usize,
     /// Unix time the server started (OpenAI's `created` of the model).
     pub created: u64,
     /// Connection limits, timeouts and the hosts a key-less server answers to.
@@ -73,8 +66,9 @@ pub struct ServerConfig {
 pub struct AppState {
     pub cfg: ServerConfig,
     pub shared: Arc<Shared>,
-    pub prompter: Arc<Prompter>,
-    pub pre: PreprocessConfig,
+    /// The export's page recipe: prompts, preprocessing (its longest edge the profile's),
+    /// stop ids and the sampling defaults requests override.
+    pub pipeline: PagePipeline,
     /// Set on SIGTERM: new generation requests get 503 while running ones finish.
     pub stopping: AtomicBool,
     /// GPU memory probe for `/metrics` (None on CPU-only servers).

@@ -11,7 +11,7 @@ use super::worker::{Job, JobEvent, ModelState};
 use super::AppState;
 use crate::documents::inputs::page_separator;
 use crate::generation::engine::GenRequest;
-use crate::generation::sampling::SamplingParams;
+use crate::generation::sampling::{SamplingOverrides, SamplingParams};
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::BytesRejection;
@@ -168,7 +168,7 @@ pub(crate) fn check_text_bytes(st: &AppState, bytes: usize, param: &str) -> Resu
     let limit = st
         .cfg
         .max_sequence_length
-        .saturating_mul(st.prompter.max_token_bytes());
+        .saturating_mul(st.pipeline.prompter().max_token_bytes());
     if bytes > limit {
         return Err(ApiError::bad(
             param,
@@ -187,70 +187,37 @@ pub async fn not_found(req: axum::extract::Request) -> ApiError {
     ApiError::NotFound(format!("no route {} {}", req.method(), req.uri().path()))
 }
 
-/// Sampling settings of a request: the model's defaults with the request's overrides.
+/// What a request may override: its token limit and sampling values (applied to the
+/// server's defaults by [`PagePipeline::sampling`](crate::generation::pipeline::PagePipeline::sampling)).
+#[derive(Default)]
 pub(crate) struct Overrides {
     max_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    repetition_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    logit_bias: Option<Vec<(u32, f32)>>,
-    seed: Option<u64>,
+    sampling: SamplingOverrides,
 }
 
 impl Overrides {
     fn of(p: &ChatParams) -> Overrides {
         Overrides {
             max_tokens: p.max_tokens,
-            temperature: p.temperature,
-            top_p: p.top_p,
-            top_k: p.top_k,
-            repetition_penalty: p.repetition_penalty,
-            presence_penalty: p.presence_penalty,
-            frequency_penalty: p.frequency_penalty,
-            logit_bias: p.logit_bias.clone(),
-            seed: p.seed,
+            sampling: SamplingOverrides {
+                temperature: p.temperature,
+                top_p: p.top_p,
+                top_k: p.top_k,
+                repetition_penalty: p.repetition_penalty,
+                presence_penalty: p.presence_penalty,
+                frequency_penalty: p.frequency_penalty,
+                logit_bias: p.logit_bias.clone(),
+                seed: p.seed,
+                loop_guard: None,
+            },
         }
     }
 
-    /// The request's sampling parameters, checked (ranges, and `logit_bias`'s ids against
-    /// the model's vocabulary of `vocab` ids).
-    fn sampling(
-        &self,
-        defaults: &SamplingParams,
-        vocab: usize,
-    ) -> Result<SamplingParams, ApiError> {
-        let mut s = defaults.clone();
-        if let Some(t) = self.temperature {
-            s.temperature = t;
-        }
-        if let Some(p) = self.top_p {
-            s.top_p = p;
-        }
-        if let Some(k) = self.top_k {
-            s.top_k = k;
-        }
-        if let Some(r) = self.repetition_penalty {
-            s.repetition_penalty = r;
-        }
-        if let Some(x) = self.presence_penalty {
-            s.presence_penalty = x;
-        }
-        if let Some(x) = self.frequency_penalty {
-            s.frequency_penalty = x;
-        }
-        if let Some(b) = &self.logit_bias {
-            s.logit_bias = b.clone();
-        }
-        if self.seed.is_some() {
-            s.seed = self.seed;
-        }
-        s.validate()
-            .and_then(|()| s.check_vocab(vocab))
-            .map_err(|e| ApiError::bad(e.param(), e.to_string()))?;
-        Ok(s)
+    /// The request's sampling parameters, checked; an error names the parameter at fault.
+    fn sampling(&self, st: &AppState) -> Result<SamplingParams, ApiError> {
+        st.pipeline
+            .sampling(&self.sampling)
+            .map_err(|e| ApiError::bad(e.param(), e.to_string()))
     }
 
     fn max_tokens(&self, st: &AppState) -> Result<usize, ApiError> {
@@ -341,25 +308,6 @@ pub(crate) fn job(
     )
 }
 
-pub(crate) fn gen_request(
-    st: &AppState,
-    prompt_ids: Vec<u32>,
-    images: Vec<crate::model::preprocess::Pixels>,
-    params: SamplingParams,
-    max_new_tokens: usize,
-) -> GenRequest {
-    GenRequest {
-        prompt_ids,
-        images,
-        params,
-        max_new_tokens,
-        stop_ids: st.cfg.stop_ids.clone(),
-        ignore_eos: false,
-        logprobs: false,
-        top_logprobs: 0,
-    }
-}
-
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(st): St,
@@ -392,14 +340,18 @@ pub async fn chat(
     }
     let o = Overrides::of(&p);
     let max_tokens = o.max_tokens(&st)?;
-    let params = o.sampling(&st.cfg.defaults, st.cfg.vocab_size)?;
+    let params = o.sampling(&st)?;
     let raw = images::resolve(
         std::mem::take(&mut p.images),
         st.cfg.allow_remote_images,
         st.cfg.max_body_bytes,
     )
     .await?;
-    let plan = images::plan(raw.iter().map(|(b, _)| b.as_slice()), 1, &st.pre);
+    let plan = images::plan(
+        raw.iter().map(|(b, _)| b.as_slice()),
+        1,
+        &st.pipeline.preprocess,
+    );
     check_image_tokens(&st, plan.tokens, max_tokens)?;
     let st2 = st.clone();
     let messages = std::mem::take(&mut p.messages);
@@ -417,7 +369,8 @@ pub async fn chat(
         let mut pixels = Vec::with_capacity(raw.len());
         let mut counts = Vec::with_capacity(raw.len());
         for (bytes, param) in &raw {
-            let pre = images::prepare_image(bytes, param, st2.cfg.max_pixels, &st2.pre)?;
+            let pre =
+                images::prepare_image(bytes, param, st2.cfg.max_pixels, &st2.pipeline.preprocess)?;
             counts.push(pre.num_image_tokens);
             pixels.push(pre.pixel_values);
         }
@@ -425,7 +378,8 @@ pub async fn chat(
             return Err(client_gone());
         }
         let ids = st2
-            .prompter
+            .pipeline
+            .prompter()
             .encode_messages(&messages, &counts)
             .map_err(|e| ApiError::bad("messages", e.to_string()))?;
         Ok::<_, ApiError>((ids, pixels))
@@ -434,7 +388,9 @@ pub async fn chat(
     .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))??;
     let prompt_tokens = prompt_ids.len();
     check_length(&st, prompt_tokens, max_tokens)?;
-    let mut req = gen_request(&st, prompt_ids, pixels, params, max_tokens);
+    let mut req = st
+        .pipeline
+        .prompt_request(prompt_ids, pixels, params, max_tokens);
     req.logprobs = p.logprobs;
     req.top_logprobs = p.top_logprobs;
     req.ignore_eos = p.ignore_eos;

@@ -186,11 +186,21 @@ impl SamplingParams {
             Ok(t) => {
                 let v: Value = serde_json::from_str(&t)
                     .map_err(|e| format!("{}: invalid JSON: {e}", path.display()))?;
-                SamplingParams::from_generation_config(&v)
-                    .map_err(|e| format!("{}: {e}", path.display()))
+                SamplingParams::defaults_of(Some(&v), &path)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SamplingParams::greedy()),
             Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// The sampling defaults of a `generation_config.json` already read (`None`: the model
+    /// has none, so greedy), as [`SamplingParams::model_defaults`] gives them; errors name
+    /// `path`, the file it came from.
+    pub fn defaults_of(json: Option<&Value>, path: &std::path::Path) -> Result<Self, String> {
+        match json {
+            Some(v) => SamplingParams::from_generation_config(v)
+                .map_err(|e| format!("{}: {e}", path.display())),
+            None => Ok(SamplingParams::greedy()),
         }
     }
 

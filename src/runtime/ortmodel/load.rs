@@ -5,21 +5,28 @@
 use super::merged::MergedDecoder;
 use super::paged;
 use super::*;
+use crate::model::export::Export;
 use crate::runtime::providers::Provider;
 use ocrctl_exporters::graph::GraphInfo;
 use ort::value::TensorElementType;
 use std::collections::BTreeMap;
 
 impl OrtModel {
-    /// Loads the export in `dir` with the given precision.
+    /// Opens the export in `dir` and loads it (for one-off loads and tests; a caller that
+    /// holds the [`Export`] already uses [`OrtModel::open`]).
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
+        OrtModel::open(&Export::open(dir)?, opts)
+    }
+
+    /// Loads the sessions of an opened export as `opts` describe.
+    pub fn open(export: &Export, opts: &LoadOptions) -> Result<OrtModel, LoadError> {
         // Creating sessions allocates device memory: not while another thread captures.
         let mut gpu = capture::shared();
-        let manifest = Manifest::load(dir)?;
-        let graphs = graphs_of(&manifest, dir, opts)?;
+        let (dir, manifest) = (export.dir.as_path(), &export.manifest);
+        let graphs = graphs_of(manifest, dir, opts)?;
         let variant = choose_variant(dir, opts, |v| graphs.contains_key(v.part()))?;
         if opts.verify {
-            verify_files(dir, &manifest, opts.precision, variant)?;
+            verify_files(dir, manifest, opts.precision, variant)?;
         }
         if variant == DecoderVariant::Paged && !opts.providers.order.contains(&Provider::Cuda) {
             return Err(LoadError::Session {
@@ -115,7 +122,7 @@ impl OrtModel {
             },
             path,
             dir: dir.to_path_buf(),
-            manifest,
+            manifest: manifest.clone(),
         })
     }
 }

@@ -126,6 +126,9 @@ impl LoadOptions {
 pub enum LoadError {
     #[error(transparent)]
     Manifest(#[from] ocrctl_exporters::ExportError),
+    /// The export's folder could not be read ([`OrtModel::load`] opens it).
+    #[error(transparent)]
+    Open(#[from] crate::model::export::OpenError),
     #[error(transparent)]
     OrtLib(#[from] crate::runtime::ortlib::OrtLibError),
     #[error("{dir}: precision {precision} was not exported (available: {available})")]

@@ -64,17 +64,7 @@ pub async fn ocr(
         }
     };
     let mut file: Option<(String, Bytes)> = None;
-    let mut o = Overrides {
-        max_tokens: None,
-        temperature: None,
-        top_p: None,
-        top_k: None,
-        repetition_penalty: None,
-        presence_penalty: None,
-        frequency_penalty: None,
-        logit_bias: None,
-        seed: None,
-    };
+    let mut o = Overrides::default();
     let mut prompt: Option<String> = None;
     let mut ranges: Option<crate::documents::ranges::PageRanges> = None;
     let mut outcome_fields = OutcomeFields::default();
@@ -100,14 +90,16 @@ pub async fn ocr(
             }
             "file" => file = Some((fname.unwrap_or_else(|| "upload".into()), bytes.clone())),
             "max_tokens" => o.max_tokens = Some(field_num(&name, &text())?),
-            "temperature" => o.temperature = Some(field_num(&name, &text())?),
-            "top_p" => o.top_p = Some(field_num(&name, &text())?),
-            "top_k" => o.top_k = Some(field_num(&name, &text())?),
-            "repetition_penalty" => o.repetition_penalty = Some(field_num(&name, &text())?),
-            "presence_penalty" => o.presence_penalty = Some(field_num(&name, &text())?),
-            "frequency_penalty" => o.frequency_penalty = Some(field_num(&name, &text())?),
-            "logit_bias" => o.logit_bias = Some(form_logit_bias(&text())?),
-            "seed" => o.seed = Some(field_num(&name, &text())?),
+            "temperature" => o.sampling.temperature = Some(field_num(&name, &text())?),
+            "top_p" => o.sampling.top_p = Some(field_num(&name, &text())?),
+            "top_k" => o.sampling.top_k = Some(field_num(&name, &text())?),
+            "repetition_penalty" => {
+                o.sampling.repetition_penalty = Some(field_num(&name, &text())?)
+            }
+            "presence_penalty" => o.sampling.presence_penalty = Some(field_num(&name, &text())?),
+            "frequency_penalty" => o.sampling.frequency_penalty = Some(field_num(&name, &text())?),
+            "logit_bias" => o.sampling.logit_bias = Some(form_logit_bias(&text())?),
+            "seed" => o.sampling.seed = Some(field_num(&name, &text())?),
             "prompt" => prompt = Some(text()).filter(|t| !t.trim().is_empty()),
             "pages" => {
                 let r = text()
@@ -136,7 +128,7 @@ pub async fn ocr(
     check_text_bytes(&st, prompt.as_ref().map_or(0, String::len), "prompt")?;
     st.ready()?;
     let max_tokens = o.max_tokens(&st)?;
-    let params = o.sampling(&st.cfg.defaults, st.cfg.vocab_size)?;
+    let params = o.sampling(&st)?;
     if q.figures && (q.stream || !json_out) {
         return Err(ApiError::bad(
             "figures",
@@ -153,7 +145,8 @@ pub async fn ocr(
         let _body = permit;
         let is_alive = || alive.load(Ordering::Relaxed);
         // The render or decode and every preprocessed page, until they are queued.
-        let cost = images::plan([&bytes[..]], st2.cfg.max_images, &st2.pre).bytes;
+        let pre = &st2.pipeline.preprocess;
+        let cost = images::plan([&bytes[..]], st2.cfg.max_images, pre).bytes;
         let _permit = st2
             .decode_budget
             .acquire(cost, &is_alive)
@@ -171,12 +164,11 @@ pub async fn ocr(
             if !is_alive() {
                 return Err(client_gone());
             }
-            let pre = crate::model::preprocess::preprocess(&img, &st2.pre);
-            let ids = st2
-                .prompter
-                .encode(&[pre.num_image_tokens], prompt.as_deref())
+            let page = st2
+                .pipeline
+                .prepare_with(&img, prompt.as_deref())
                 .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
-            out.push((number, ids, pre.pixel_values));
+            out.push((number, page));
         }
         Ok::<_, ApiError>(out)
     })
@@ -185,15 +177,15 @@ pub async fn ocr(
     let mut jobs = Vec::with_capacity(pages.len());
     let mut queued = Vec::with_capacity(pages.len());
     let upload = new_id("ocr");
-    for (i, (number, ids, px)) in pages.into_iter().enumerate() {
-        check_length(&st, ids.len(), max_tokens)?;
+    for (i, (number, page)) in pages.into_iter().enumerate() {
+        check_length(&st, page.prompt_ids.len(), max_tokens)?;
         let mut params = params.clone();
         // Pages of one upload get distinct but reproducible seeds.
         if let Some(s) = params.seed.as_mut() {
             *s = s.wrapping_add(i as u64);
         }
         let id = format!("{upload}-p{}", i + 1);
-        let req = gen_request(&st, ids, vec![px], params, max_tokens);
+        let req = st.pipeline.request_with(page, params, max_tokens);
         let again = (policy.retries > 0).then(|| req.clone());
         let prompt_tokens = req.prompt_ids.len();
         let (j, rx) = job(&st, id.clone(), req, vec![], accepted);
