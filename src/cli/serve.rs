@@ -62,6 +62,15 @@ pub struct ServeArgs {
     /// Seconds a request may take from arrival to its last token (queue wait included).
     #[arg(long, env = "OCRCTL_REQUEST_TIMEOUT", default_value_t = 600)]
     request_timeout: u64,
+    /// Asynchronous OCR jobs (`/v1/ocr/jobs`) kept at once, running or finished.
+    #[arg(long, env = "OCRCTL_MAX_JOBS", default_value_t = 64)]
+    max_jobs: usize,
+    /// Seconds a finished job (and its text) is kept for `GET /v1/ocr/jobs/{id}/result`.
+    #[arg(long, env = "OCRCTL_JOB_TTL", default_value_t = 3600)]
+    job_ttl: u64,
+    /// Pages of one job's document (a job holds 16 of them in memory at a time).
+    #[arg(long, env = "OCRCTL_MAX_JOB_PAGES", default_value_t = 2000)]
+    max_job_pages: usize,
     /// Seconds running requests may take to finish after SIGTERM.
     #[arg(long, env = "OCRCTL_SHUTDOWN_TIMEOUT", default_value_t = 30)]
     shutdown_timeout: u64,
@@ -335,6 +344,11 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
         ),
         body_budget: ocrctl::server::front::BodyBudget::new(a.body_memory_mb * 1024 * 1024),
         pdf: a.pdf.reader(None),
+        jobs: ocrctl::server::Jobs::new(ocrctl::server::JobLimits {
+            max_jobs: a.max_jobs,
+            ttl: Duration::from_secs(a.job_ttl),
+            max_pages: a.max_job_pages,
+        }),
     });
     // Each engine thread owns its copy of the model.
     for (me, (opts, label)) in engine_opts.into_iter().zip(labels).enumerate() {

@@ -38,6 +38,12 @@ pub enum ApiError {
     /// The body is larger than the profile's `max_body_mb` (413).
     #[error("request body is larger than the limit of {limit_mb} MiB (max_body_mb)")]
     TooLarge { limit_mb: u64 },
+    /// The server holds as many OCR jobs as it keeps (429, with `Retry-After`).
+    #[error("the server already holds {max} OCR jobs (--max-jobs); a finished one is dropped {ttl_secs} s after it ends (--job-ttl), or cancel one")]
+    TooManyJobs { max: usize, ttl_secs: u64 },
+    /// The resource is not in a state that allows this (409), e.g. a job still running.
+    #[error("{0}")]
+    Conflict(String),
     /// The queue is full (429, with `Retry-After`).
     #[error("the server is busy: {queued} requests are already waiting (queue_size); retry later")]
     QueueFull { queued: usize },
@@ -81,7 +87,10 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueFull { .. } | ApiError::TooManyJobs { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -103,6 +112,8 @@ impl ApiError {
             ApiError::HeadersTooLarge { .. } => ("invalid_request_error", "headers_too_large"),
             ApiError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ApiError::QueueFull { .. } => ("rate_limit_error", "queue_full"),
+            ApiError::TooManyJobs { .. } => ("rate_limit_error", "too_many_jobs"),
+            ApiError::Conflict(_) => ("invalid_request_error", "conflict"),
             ApiError::Unavailable(_) => ("server_error", "unavailable"),
             ApiError::Timeout { .. } => ("server_error", "timeout"),
             ApiError::Engine(_) => ("server_error", "engine_error"),
@@ -127,7 +138,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status(), axum::Json(self.body())).into_response();
         match &self {
-            ApiError::QueueFull { .. } => {
+            ApiError::QueueFull { .. } | ApiError::TooManyJobs { .. } => {
                 r.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
             }

@@ -197,6 +197,19 @@ pub fn prepare_image(
     Ok(preprocess::preprocess(&img, pre))
 }
 
+/// A PDF that cannot be read as the client's fault (400 naming `file`), or the server's
+/// (503: no pdfium, no worker).
+pub fn pdf_error(e: crate::documents::pdf::PdfError) -> ApiError {
+    use crate::documents::pdf::PdfError;
+    match e {
+        PdfError::LibraryNotFound { .. }
+        | PdfError::LibraryMissing { .. }
+        | PdfError::LibraryLoad { .. }
+        | PdfError::WorkerStart { .. } => ApiError::Unavailable(e.to_string()),
+        _ => ApiError::bad("file", e.to_string()),
+    }
+}
+
 /// The pages of an upload with their 1-based page numbers: a PDF's pages (those `ranges`
 /// selects, else all) rendered at 200 DPI by `reader`, or the image itself (page 1, whatever
 /// `ranges`). A page past the reader's limits is a 400 naming the page and the limit.
@@ -209,15 +222,6 @@ pub fn document_pages(
     ranges: Option<&crate::documents::ranges::PageRanges>,
 ) -> Result<Vec<(usize, RgbImage)>, ApiError> {
     if crate::documents::pdf::is_pdf(bytes) {
-        use crate::documents::pdf::PdfError;
-        let pdf_error = |e: PdfError| match e {
-            // The server's set-up is at fault, not the upload.
-            PdfError::LibraryNotFound { .. }
-            | PdfError::LibraryMissing { .. }
-            | PdfError::LibraryLoad { .. }
-            | PdfError::WorkerStart { .. } => ApiError::Unavailable(e.to_string()),
-            _ => ApiError::bad("file", e.to_string()),
-        };
         let mut doc = reader.open(bytes.to_vec(), name).map_err(pdf_error)?;
         let selected: Vec<usize> = match ranges {
             Some(r) => r

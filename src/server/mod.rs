@@ -21,6 +21,7 @@ pub mod outbox;
 mod page;
 pub mod queue;
 mod routes;
+pub use routes::{JobLimits, Jobs};
 pub mod stops;
 pub mod worker;
 pub mod write_timeout;
@@ -82,6 +83,8 @@ pub struct AppState {
     pub body_budget: front::BodyBudget,
     /// Reads uploaded PDFs (in worker processes with time and memory limits).
     pub pdf: crate::documents::pdf::sandbox::PdfReader,
+    /// Asynchronous OCR jobs (`/v1/ocr/jobs`).
+    pub jobs: routes::Jobs,
 }
 
 impl AppState {
@@ -145,18 +148,24 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
 }
 
 /// Routes whose responses are counted by path; anything else counts as `other`.
-const ROUTES: [&str; 6] = [
+const ROUTES: [&str; 7] = [
     "/",
     "/health",
     "/metrics",
     "/v1/models",
     "/v1/chat/completions",
     "/v1/ocr",
+    "/v1/ocr/jobs",
 ];
 
 /// Counts every response by route and status.
 async fn count(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
+    // A job's own paths count as `/v1/ocr/jobs` (their ids would make a label per job).
+    let path = match path.strip_prefix("/v1/ocr/jobs/") {
+        Some(_) => "/v1/ocr/jobs",
+        None => path,
+    };
     let route = ROUTES
         .iter()
         .find(|r| **r == path)
@@ -176,6 +185,12 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/v1/models", get(routes::models))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/ocr", post(routes::ocr))
+        .route("/v1/ocr/jobs", post(routes::create_job))
+        .route(
+            "/v1/ocr/jobs/{id}",
+            get(routes::job_status).delete(routes::cancel_job),
+        )
+        .route("/v1/ocr/jobs/{id}/result", get(routes::job_result))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(st.cfg.max_body_bytes))

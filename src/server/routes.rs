@@ -428,5 +428,7 @@ pub async fn chat(
 
 mod ocr_figures;
 mod ocr_form;
+mod ocr_jobs;
 mod ocr_pages;
 pub use ocr_form::*;
+pub use ocr_jobs::{cancel_job, create_job, job_result, job_status, JobLimits, Jobs};

@@ -14,6 +14,7 @@ mod clients;
 #[path = "../common/mod.rs"]
 mod common;
 mod input;
+mod jobs;
 mod lifecycle;
 mod outcomes;
 

@@ -47,12 +47,6 @@ pub async fn ocr(
     mp: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let accepted = Instant::now();
-    let mut mp = mp.map_err(|e| {
-        ApiError::invalid(format!(
-            "expected a multipart/form-data upload with a `file` field: {}",
-            e.body_text()
-        ))
-    })?;
     let json_out = match q.format.as_deref() {
         None | Some("markdown") | Some("md") => false,
         Some("json") => true,
@@ -63,72 +57,13 @@ pub async fn ocr(
             ))
         }
     };
-    let mut file: Option<(String, Bytes)> = None;
-    let mut o = Overrides::default();
-    let mut prompt: Option<String> = None;
-    let mut ranges: Option<crate::documents::ranges::PageRanges> = None;
-    let mut outcome_fields = OutcomeFields::default();
-    loop {
-        let field = match mp.next_field().await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(e) => return Err(body_error(e.status(), &st, e.body_text())),
-        };
-        let name = field.name().unwrap_or("").to_string();
-        let fname = field.file_name().map(str::to_string);
-        let bytes = field
-            .bytes()
-            .await
-            .map_err(|e| body_error(e.status(), &st, e.body_text()))?;
-        let text = || String::from_utf8_lossy(&bytes).to_string();
-        match name.as_str() {
-            "file" if file.is_some() => {
-                return Err(ApiError::bad(
-                    "file",
-                    "more than one `file` field; send one document per request",
-                ))
-            }
-            "file" => file = Some((fname.unwrap_or_else(|| "upload".into()), bytes.clone())),
-            "max_tokens" => o.max_tokens = Some(field_num(&name, &text())?),
-            "temperature" => o.sampling.temperature = Some(field_num(&name, &text())?),
-            "top_p" => o.sampling.top_p = Some(field_num(&name, &text())?),
-            "top_k" => o.sampling.top_k = Some(field_num(&name, &text())?),
-            "repetition_penalty" => {
-                o.sampling.repetition_penalty = Some(field_num(&name, &text())?)
-            }
-            "presence_penalty" => o.sampling.presence_penalty = Some(field_num(&name, &text())?),
-            "frequency_penalty" => o.sampling.frequency_penalty = Some(field_num(&name, &text())?),
-            "logit_bias" => o.sampling.logit_bias = Some(form_logit_bias(&text())?),
-            "seed" => o.sampling.seed = Some(field_num(&name, &text())?),
-            "prompt" => prompt = Some(text()).filter(|t| !t.trim().is_empty()),
-            "pages" => {
-                let r = text()
-                    .parse()
-                    .map_err(|e| ApiError::bad("pages", format!("pages: {e}")))?;
-                ranges = Some(r);
-            }
-            other if outcome_fields.read(other, &text())? => {}
-            other => {
-                return Err(ApiError::bad(
-                    other,
-                    format!("unknown form field {other:?}"),
-                ))
-            }
-        }
-    }
-    let policy = outcome_fields.policy(q.stream)?;
-    let (name, bytes) =
-        file.ok_or_else(|| ApiError::bad("file", "missing the `file` field (an image or PDF)"))?;
-    if bytes.is_empty() {
-        return Err(ApiError::bad(
-            "file",
-            format!("{name}: the upload is empty"),
-        ));
-    }
-    check_text_bytes(&st, prompt.as_ref().map_or(0, String::len), "prompt")?;
+    let form = read_form(&st, mp).await?;
+    let policy = form.outcome.policy(q.stream)?;
+    let (name, bytes) = form.file()?;
+    check_text_bytes(&st, form.prompt.as_ref().map_or(0, String::len), "prompt")?;
     st.ready()?;
-    let max_tokens = o.max_tokens(&st)?;
-    let params = o.sampling(&st)?;
+    let max_tokens = form.overrides.max_tokens(&st)?;
+    let params = form.overrides.sampling(&st)?;
     if q.figures && (q.stream || !json_out) {
         return Err(ApiError::bad(
             "figures",
@@ -137,66 +72,26 @@ pub async fn ocr(
     }
     // `Bytes`: the clone shares the upload, read again only for pages with boxed figures.
     let figures_src = q.figures.then(|| (bytes.clone(), name.clone()));
-    let st2 = st.clone();
     let client = ClientAlive::new();
-    let alive = client.flag();
-    let pages = tokio::task::spawn_blocking(move || {
-        // The body's share of the memory for bodies, given back with the upload's bytes.
-        let _body = permit;
-        let is_alive = || alive.load(Ordering::Relaxed);
-        // The render or decode and every preprocessed page, until they are queued.
-        let pre = &st2.pipeline.preprocess;
-        let cost = images::plan([&bytes[..]], st2.cfg.max_images, pre).bytes;
-        let _permit = st2
-            .decode_budget
-            .acquire(cost, &is_alive)
-            .ok_or_else(client_gone)?;
-        let pages = images::document_pages(
-            &st2.pdf,
-            &bytes,
-            &name,
-            st2.cfg.max_pixels,
-            st2.cfg.max_images,
-            ranges.as_ref(),
-        )?;
-        let mut out = Vec::with_capacity(pages.len());
-        for (number, img) in pages {
-            if !is_alive() {
-                return Err(client_gone());
-            }
-            let page = st2
-                .pipeline
-                .prepare_with(&img, prompt.as_deref())
-                .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
-            out.push((number, page));
-        }
-        Ok::<_, ApiError>(out)
-    })
-    .await
-    .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))??;
+    let doc = Upload {
+        name,
+        bytes,
+        prompt: form.prompt,
+        ranges: form.ranges,
+    };
+    let pages = prepare_pages(st.clone(), doc, permit, client.flag()).await?;
     let mut jobs = Vec::with_capacity(pages.len());
     let mut queued = Vec::with_capacity(pages.len());
     let upload = new_id("ocr");
     for (i, (number, page)) in pages.into_iter().enumerate() {
         check_length(&st, page.prompt_ids.len(), max_tokens)?;
-        let mut params = params.clone();
-        // Pages of one upload get distinct but reproducible seeds.
-        if let Some(s) = params.seed.as_mut() {
-            *s = s.wrapping_add(i as u64);
-        }
         let id = format!("{upload}-p{}", i + 1);
-        let req = st.pipeline.request_with(page, params, max_tokens);
-        let again = (policy.retries > 0).then(|| req.clone());
-        let prompt_tokens = req.prompt_ids.len();
-        let (j, rx) = job(&st, id.clone(), req, vec![], accepted);
+        let req = st
+            .pipeline
+            .request_with(page, page_params(&params, i), max_tokens);
+        let (j, page) = queue_page(&st, id, number, req, policy, accepted);
         jobs.push(j);
-        queued.push(PageJob {
-            number,
-            again,
-            prompt_tokens,
-            id,
-            rx,
-        });
+        queued.push(page);
     }
     st.shared.submit_all(jobs)?;
     if q.stream {
@@ -211,4 +106,195 @@ pub async fn ocr(
         None => None,
     };
     Ok(ocr_pages::respond(&st, &results, json_out, figures))
+}
+
+/// The fields of an OCR upload form (`/v1/ocr`, `/v1/ocr/jobs`), read and checked one by one.
+#[derive(Default)]
+pub(super) struct Form {
+    file: Option<(String, Bytes)>,
+    pub overrides: Overrides,
+    pub prompt: Option<String>,
+    pub ranges: Option<crate::documents::ranges::PageRanges>,
+    pub outcome: OutcomeFields,
+}
+
+impl Form {
+    /// The uploaded file's name and bytes: a 400 naming `file` when it is missing or empty.
+    pub fn file(&self) -> Result<(String, Bytes), ApiError> {
+        let (name, bytes) = self
+            .file
+            .clone()
+            .ok_or_else(|| ApiError::bad("file", "missing the `file` field (an image or PDF)"))?;
+        if bytes.is_empty() {
+            return Err(ApiError::bad(
+                "file",
+                format!("{name}: the upload is empty"),
+            ));
+        }
+        Ok((name, bytes))
+    }
+}
+
+/// Reads the multipart form: one `file`, the sampling fields, `prompt`, `pages` and the page
+/// outcome fields; an unknown or malformed field is a 400 naming it.
+pub(super) async fn read_form(
+    st: &AppState,
+    mp: Result<Multipart, MultipartRejection>,
+) -> Result<Form, ApiError> {
+    let mut mp = mp.map_err(|e| {
+        ApiError::invalid(format!(
+            "expected a multipart/form-data upload with a `file` field: {}",
+            e.body_text()
+        ))
+    })?;
+    let mut f = Form::default();
+    loop {
+        let field = match mp.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return Err(body_error(e.status(), st, e.body_text())),
+        };
+        let name = field.name().unwrap_or("").to_string();
+        let fname = field.file_name().map(str::to_string);
+        let bytes = field
+            .bytes()
+            .await
+            .map_err(|e| body_error(e.status(), st, e.body_text()))?;
+        if name == "file" {
+            if f.file.is_some() {
+                return Err(ApiError::bad(
+                    "file",
+                    "more than one `file` field; send one document per request",
+                ));
+            }
+            f.file = Some((fname.unwrap_or_else(|| "upload".into()), bytes));
+            continue;
+        }
+        f.read_field(&name, &String::from_utf8_lossy(&bytes))?;
+    }
+    Ok(f)
+}
+
+impl Form {
+    /// One text field of the form.
+    fn read_field(&mut self, name: &str, text: &str) -> Result<(), ApiError> {
+        let o = &mut self.overrides;
+        match name {
+            "max_tokens" => o.max_tokens = Some(field_num(name, text)?),
+            "temperature" => o.sampling.temperature = Some(field_num(name, text)?),
+            "top_p" => o.sampling.top_p = Some(field_num(name, text)?),
+            "top_k" => o.sampling.top_k = Some(field_num(name, text)?),
+            "repetition_penalty" => o.sampling.repetition_penalty = Some(field_num(name, text)?),
+            "presence_penalty" => o.sampling.presence_penalty = Some(field_num(name, text)?),
+            "frequency_penalty" => o.sampling.frequency_penalty = Some(field_num(name, text)?),
+            "logit_bias" => o.sampling.logit_bias = Some(form_logit_bias(text)?),
+            "seed" => o.sampling.seed = Some(field_num(name, text)?),
+            "prompt" => self.prompt = Some(text.to_string()).filter(|t| !t.trim().is_empty()),
+            "pages" => {
+                let r = text
+                    .parse()
+                    .map_err(|e| ApiError::bad("pages", format!("pages: {e}")))?;
+                self.ranges = Some(r);
+            }
+            other if self.outcome.read(other, text)? => {}
+            other => {
+                return Err(ApiError::bad(
+                    other,
+                    format!("unknown form field {other:?}"),
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A document to read: the upload, the prompt its pages get and the pages asked for.
+pub(super) struct Upload {
+    pub name: String,
+    pub bytes: Bytes,
+    pub prompt: Option<String>,
+    pub ranges: Option<crate::documents::ranges::PageRanges>,
+}
+
+/// Every page of `doc` rendered or decoded and prepared (`/v1/ocr` holds them all until they
+/// are queued), under the decode budget; stops when `alive` turns false.
+async fn prepare_pages(
+    st: Arc<AppState>,
+    doc: Upload,
+    permit: Option<Extension<super::super::front::BodyPermit>>,
+    alive: Arc<AtomicBool>,
+) -> Result<Vec<(usize, crate::generation::pipeline::PreparedPage)>, ApiError> {
+    tokio::task::spawn_blocking(move || {
+        // The body's share of the memory for bodies, given back with the upload's bytes.
+        let _body = permit;
+        let is_alive = || alive.load(Ordering::Relaxed);
+        // The render or decode and every preprocessed page, until they are queued.
+        let pre = &st.pipeline.preprocess;
+        let cost = images::plan([&doc.bytes[..]], st.cfg.max_images, pre).bytes;
+        let _permit = st
+            .decode_budget
+            .acquire(cost, &is_alive)
+            .ok_or_else(client_gone)?;
+        let pages = images::document_pages(
+            &st.pdf,
+            &doc.bytes,
+            &doc.name,
+            st.cfg.max_pixels,
+            st.cfg.max_images,
+            doc.ranges.as_ref(),
+        )?;
+        let mut out = Vec::with_capacity(pages.len());
+        for (number, img) in pages {
+            if !is_alive() {
+                return Err(client_gone());
+            }
+            out.push((number, prepare_page(&st, &img, doc.prompt.as_deref())?));
+        }
+        Ok::<_, ApiError>(out)
+    })
+    .await
+    .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))?
+}
+
+/// One page's prompt and pixels; a prompt the template refuses is a 400 naming `prompt`.
+pub(super) fn prepare_page(
+    st: &AppState,
+    img: &image::RgbImage,
+    prompt: Option<&str>,
+) -> Result<crate::generation::pipeline::PreparedPage, ApiError> {
+    st.pipeline
+        .prepare_with(img, prompt)
+        .map_err(|e| ApiError::bad("prompt", e.to_string()))
+}
+
+/// Page `i`'s sampling: pages of one upload get distinct but reproducible seeds.
+pub(super) fn page_params(params: &SamplingParams, i: usize) -> SamplingParams {
+    let mut params = params.clone();
+    if let Some(s) = params.seed.as_mut() {
+        *s = s.wrapping_add(i as u64);
+    }
+    params
+}
+
+/// The engine job of page `number`'s first attempt (queued by the caller) and what
+/// [`ocr_pages`] needs to follow it and retry it.
+pub(super) fn queue_page(
+    st: &AppState,
+    id: String,
+    number: usize,
+    req: GenRequest,
+    policy: crate::generation::outcome::RetryPolicy,
+    accepted: Instant,
+) -> (Job, PageJob) {
+    let again = (policy.retries > 0).then(|| req.clone());
+    let prompt_tokens = req.prompt_ids.len();
+    let (j, rx) = job(st, id.clone(), req, vec![], accepted);
+    let page = PageJob {
+        number,
+        again,
+        prompt_tokens,
+        id,
+        rx,
+    };
+    (j, page)
 }

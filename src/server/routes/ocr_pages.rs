@@ -30,6 +30,7 @@ pub(super) struct PageJob {
 }
 
 /// How a page ended: its last attempt's output and its outcome.
+#[derive(Clone)]
 pub(super) struct PageResult {
     pub number: usize,
     pub text: String,
@@ -55,7 +56,7 @@ pub(super) fn finish_of(finish_reason: &str, stop_reason: Option<&str>) -> Finis
 /// Runs `page` to its outcome: collects each attempt and queues the next while the policy
 /// says so. An error (timeout, shutdown, engine failure) ends the page with it, counted as
 /// `failed: error`.
-async fn run_page(
+pub(super) async fn run_page(
     st: &AppState,
     page: PageJob,
     policy: RetryPolicy,
