@@ -19,8 +19,12 @@ fn write_graph(dir: &Path) -> PathBuf {
     let mut g = Graph::create(dir, "mm").unwrap();
     let dims = [Dim::Fixed(N as i64), Dim::Fixed(N as i64)];
     let x = g.input("x", DType::F32, &dims);
-    let w: Vec<f32> = (0..N * N).map(|k| (k / N) as f32 - (k % N) as f32).collect();
-    let w = g.weight("w", DType::F32, &[N as i64, N as i64], &w).unwrap();
+    let w: Vec<f32> = (0..N * N)
+        .map(|k| (k / N) as f32 - (k % N) as f32)
+        .collect();
+    let w = g
+        .weight("w", DType::F32, &[N as i64, N as i64], &w)
+        .unwrap();
     let y = g.op("Add", &[&x, &w], &[]);
     g.output(&y, "y", DType::F32, &dims);
     let info = g.finish(&[("", 17)], &[]).unwrap();
@@ -36,7 +40,9 @@ fn weights_of(s: &mut Session) -> Vec<f32> {
 }
 
 fn expected() -> Vec<f32> {
-    (0..N * N).map(|k| (k / N) as f32 - (k % N) as f32).collect()
+    (0..N * N)
+        .map(|k| (k / N) as f32 - (k % N) as f32)
+        .collect()
 }
 
 /// Lines of `/proc/self/maps` that map `path`.
@@ -103,7 +109,10 @@ fn a_graph_without_external_data_reads_nothing_and_a_changing_file_is_named() {
     let data = d.path().join("mm.onnx_data");
     let read = read(&graph).unwrap().unwrap();
     assert_eq!(read.name, "mm.onnx_data");
-    assert_eq!(read.bytes.len() as u64, std::fs::metadata(&data).unwrap().len());
+    assert_eq!(
+        read.bytes.len() as u64,
+        std::fs::metadata(&data).unwrap().len()
+    );
     // A directory where the file should be: named, with what went wrong.
     std::fs::remove_file(&data).unwrap();
     std::fs::create_dir(&data).unwrap();
