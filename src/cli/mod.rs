@@ -13,6 +13,7 @@ pub mod eval;
 pub mod eval_truth;
 pub mod export;
 pub mod logging;
+pub mod malloc;
 pub mod ocr;
 pub mod ocr_open;
 pub mod ocr_outcome;
