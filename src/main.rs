@@ -70,6 +70,7 @@ struct PdfWorkerArgs {
 }
 
 fn main() -> ExitCode {
+    cli::malloc::give_back_freed_memory();
     // Bad flags exit 1 like every other failure to run (clap's own code is 2, which
     // `ocrctl ocr` keeps for "some inputs failed"); help and version exit 0.
     let cli = match Cli::try_parse() {

@@ -14,6 +14,7 @@ pub mod eval_truth;
 pub mod export;
 pub mod hub_fetch;
 pub mod logging;
+pub mod malloc;
 pub mod ocr;
 pub mod ocr_open;
 pub mod ocr_outcome;

@@ -9,6 +9,8 @@
 //!
 //! Submodules: `load` ([`OrtModel::load`]), `path` (the decoder paths' trait and enum),
 //! `session` (sessions with provider fallback, the file digests checked before a load),
+//! `weights` (a graph's external weights read into memory, so a replaced file cannot crash
+//! a loaded model),
 //! `tensors` (value helpers), `vision` (the vision encoder run, and its handle for a vision
 //! stage's thread), `capture` (the lock that keeps other threads' GPU work out of a CUDA graph
 //! capture; every GPU-touching entry point here holds it shared).
@@ -36,6 +38,7 @@ mod session;
 mod stage;
 mod tensors;
 mod vision;
+mod weights;
 use vision::{Vision, VisionHandle};
 
 pub use binding::{KvPath, KvStats};

@@ -3,7 +3,8 @@
 //! Providers are tried in the configured order; one that is compiled in but cannot start (no
 //! driver, no TensorRT libraries) is dropped with a message and the next one is tried, unless
 //! providers are strict. The provider that the session got is returned with it, so the
-//! decoder knows whose memory its KV cache can stay in. Also the checks before a load
+//! decoder knows whose memory its KV cache can stay in. A graph's external weights are read
+//! into memory first (`weights`), so no session maps a file of the export. Also the checks before a load
 //! ([`verify_files`]) and writing the graph ONNX Runtime optimised ([`write_optimized_graph`]).
 
 use super::{LoadError, LoadOptions, MANIFEST_NAME};
@@ -64,6 +65,8 @@ pub(super) fn build(
         path: path.to_path_buf(),
         message,
     };
+    // Read once for every provider tried; dropped when this returns (ONNX Runtime copied it).
+    let weights = super::weights::read(path)?;
     // Availability notes were printed once by `OrtModel::load`.
     let (mut order, _) =
         crate::runtime::providers::usable(&opts.providers).map_err(|e| err(e.to_string()))?;
@@ -146,6 +149,10 @@ pub(super) fn build(
             }
             if !eps.is_empty() {
                 b = b.with_execution_providers(&eps)?;
+            }
+            // An EPContext model names its engine, not these weights.
+            if let (Some(w), None) = (&weights, prebuilt) {
+                b = b.with_external_initializer_file_in_memory(&w.name, w.bytes.clone())?;
             }
             b.commit_from_file(file)
         };
