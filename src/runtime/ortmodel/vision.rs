@@ -20,6 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub(super) struct Vision {
     session: Session,
     sizes: HashSet<(usize, usize)>,
+    /// The size of the last run (ONNX Runtime's cuDNN convolution rebuilds its plan when the
+    /// input shape differs from its previous run's).
+    last: Option<(usize, usize)>,
     staging: Option<Staging>,
 }
 
@@ -33,6 +36,7 @@ impl Vision {
         Self {
             session,
             sizes: HashSet::new(),
+            last: None,
             staging,
         }
     }
@@ -149,8 +153,15 @@ pub(super) fn run(
     tap: &mut Option<Tap>,
 ) -> Result<Array2<f32>, BackendError> {
     let size = (pixel_values.height(), pixel_values.width());
-    let new = !lock(vision).sizes.contains(&size);
-    let _gpu = super::capture::hold(new);
+    let alone = {
+        let v = lock(vision);
+        match alone_policy() {
+            AlonePolicy::NewSize => !v.sizes.contains(&size),
+            AlonePolicy::ChangedSize => v.last != Some(size),
+            AlonePolicy::Always => true,
+        }
+    };
+    let _gpu = super::capture::hold(alone);
     let mut v = lock(vision);
     let Vision {
         session, staging, ..
@@ -167,7 +178,28 @@ pub(super) fn run(
         r => r?,
     };
     v.sizes.insert(size);
+    v.last = Some(size);
     Ok(out)
+}
+
+/// When a vision run holds the capture lock alone: for a size never run (the default), for a
+/// size other than the previous run's, or always. `OCRCTL_VISION_ALONE=new|changed|always`
+/// picks it, for the GPU check of docs/benchmarks/2026-12-06-paged §3 (pages lost to a
+/// capture collision with sizes already seen).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AlonePolicy {
+    NewSize,
+    ChangedSize,
+    Always,
+}
+
+fn alone_policy() -> AlonePolicy {
+    static POLICY: std::sync::OnceLock<AlonePolicy> = std::sync::OnceLock::new();
+    *POLICY.get_or_init(|| match std::env::var("OCRCTL_VISION_ALONE").as_deref() {
+        Ok("changed") => AlonePolicy::ChangedSize,
+        Ok("always") => AlonePolicy::Always,
+        _ => AlonePolicy::NewSize,
+    })
 }
 
 /// `pixel_values [1, 3, H, W]` through the vision session → `[N, hidden]` float32.
