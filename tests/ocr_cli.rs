@@ -690,3 +690,56 @@ fn failed_pdf_pages_fall_back_on_their_text_layer_marked() {
     assert_eq!(rows[0]["text_layer"], "Dear reader");
     assert_eq!(rows[1]["text_layer"], "Yours truly");
 }
+
+#[test]
+fn plain_text_of_several_documents_names_each_and_help_groups_the_options() {
+    let images = fixture().join("images");
+    let (a, b) = (images.join("aligned.png"), images.join("portrait.png"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let text = |o: std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let one_a = text(ocr(&[a]));
+    let one_b = text(ocr(&[b]));
+    // One document: its text alone, as before.
+    assert!(!one_a.contains("<!--"), "{one_a}");
+    // Two: each opens with its file's name, then the same text as alone.
+    let both = text(ocr(&[a, b]));
+    assert_eq!(
+        both,
+        format!("<!-- file: {a} -->\n{one_a}<!-- file: {b} -->\n{one_b}")
+    );
+    // `ocr -h` lists its options under headings, each option once.
+    let help = text(ocrctl(&["ocr", "-h"]));
+    // The heading above the line that lists `flag` (`--flag`, `-f, --flag`, `[INPUTS]...`).
+    let heading_of = |flag: &str| {
+        let mut heading = "";
+        for l in help.lines() {
+            if l.ends_with(':') && !l.starts_with(' ') {
+                heading = l;
+            }
+            let item = l.trim_start();
+            // `-r, --recursive`: the long name after the short one.
+            let item = match item.as_bytes() {
+                [b'-', c, ..] if *c != b'-' => item.split_once(", ").map_or(item, |(_, l)| l),
+                _ => item,
+            };
+            if item.split([' ', '<']).next() == Some(flag) {
+                return heading.to_string();
+            }
+        }
+        panic!("{flag} not in\n{help}")
+    };
+    for (flag, heading) in [
+        ("--temperature", "Generation:"),
+        ("--providers", "Runtime:"),
+        ("--retries", "Page outcomes:"),
+        ("--out", "Output:"),
+        ("--recursive", "Inputs:"),
+        ("--pdf-page-timeout", "PDF:"),
+        ("[INPUTS]...", "Inputs:"),
+    ] {
+        assert_eq!(heading_of(flag), heading, "{flag}");
+    }
+}

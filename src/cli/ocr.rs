@@ -38,101 +38,116 @@ pub struct OcrArgs {
     /// Exported model directory (from `ocrctl export`).
     #[arg(long)]
     model: PathBuf,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Runtime")]
     rt: crate::cli::common::RuntimeArgs,
     /// Maximum number of new tokens per image (default: the profile's, else 1024).
-    #[arg(long)]
+    #[arg(help_heading = "Generation", long)]
     max_tokens: Option<usize>,
     /// Requests decoded together, continuous batching (default: the profile's, else 1).
-    #[arg(long)]
+    #[arg(help_heading = "Generation", long)]
     batch_size: Option<usize>,
     /// Sampling temperature; 0 is greedy (reproducible). Default: the model's
     /// generation_config.json (LightOnOCR: 0.2), else 0 — as `serve` and vLLM.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Generation", long, allow_negative_numbers = true)]
     temperature: Option<f32>,
     /// Nucleus sampling: keep the most likely tokens up to this cumulative probability
     /// (default: generation_config.json's, else 1).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Generation", long, allow_negative_numbers = true)]
     top_p: Option<f32>,
     /// Keep only the K most likely tokens (0 = off; default: generation_config.json's, else 0).
-    #[arg(long)]
+    #[arg(help_heading = "Generation", long)]
     top_k: Option<usize>,
     /// Divide positive (multiply negative) logits of already generated tokens by this; 1 = off
     /// (default: generation_config.json's, else 1).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Generation", long, allow_negative_numbers = true)]
     repetition_penalty: Option<f32>,
     /// Subtract this from the logit of every token already generated, once (OpenAI's
     /// presence penalty, -2 to 2; default 0 = off).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Generation", long, allow_negative_numbers = true)]
     presence_penalty: Option<f32>,
     /// Subtract this from the logit of a token already generated, once per time it was
     /// (OpenAI's frequency penalty, -2 to 2; default 0 = off).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Generation", long, allow_negative_numbers = true)]
     frequency_penalty: Option<f32>,
     /// Add BIAS (-100 to 100) to token ID's logit before the penalties, e.g. `151645=-100`
     /// to ban an id (OpenAI's logit_bias); repeat or separate with commas.
-    #[arg(long, value_name = "ID=BIAS", value_delimiter = ',', allow_hyphen_values = true,
+    #[arg(help_heading = "Generation", long, value_name = "ID=BIAS", value_delimiter = ',', allow_hyphen_values = true,
           value_parser = crate::cli::common::parse_logit_bias)]
     logit_bias: Vec<(u32, f32)>,
     /// Random seed for sampling (default: a fresh one per image).
-    #[arg(long)]
+    #[arg(help_heading = "Generation", long)]
     seed: Option<u64>,
     /// Stop an image whose output repeats a block of up to 64 tokens many times in a row.
-    #[arg(long)]
+    #[arg(help_heading = "Generation", long)]
     loop_guard: bool,
     /// Record the K most likely tokens with log-probabilities at every step (JSON output).
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = "Generation", long, default_value_t = 0)]
     top_logprobs: usize,
     /// Keep generating after an end-of-sequence token (for benchmarks and parity checks).
-    #[arg(long)]
+    #[arg(help_heading = "Generation", long)]
     ignore_eos: bool,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Page outcomes")]
     outcome: crate::cli::ocr_outcome::OutcomeArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Output")]
     post: crate::cli::ocr_post::PostArgs,
     /// Print one JSON object per page (with `file` and 1-based `page`) instead of plain text.
-    #[arg(long, conflicts_with = "out")]
+    #[arg(help_heading = "Output", long, conflicts_with = "out")]
     pub(crate) json: bool,
     /// Write `<DIR>/<file stem>.md` per document (image or PDF) instead of printing the text.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub(crate) out: Option<PathBuf>,
     /// Read only shard K of N (0-based) of the inputs, e.g. one pod of an Indexed Job:
     /// decided by each file's name, so the N shards partition any listing of the same files.
-    #[arg(long, env = "OCRCTL_SHARD", value_name = "K/N")]
+    #[arg(
+        help_heading = "Inputs",
+        long,
+        env = "OCRCTL_SHARD",
+        value_name = "K/N"
+    )]
     pub(crate) shard: Option<inputs::Shard>,
     /// Read only these pages of each PDF, e.g. `1-3,7` or `5-` (to the end); a page past
     /// a document's end fails that document. Images are read whole.
-    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    #[arg(
+        help_heading = "Inputs",
+        long,
+        value_name = "LIST",
+        allow_hyphen_values = true
+    )]
     pub(crate) pages: Option<ocrctl::documents::ranges::PageRanges>,
     /// With --out: skip documents whose markdown file already exists.
-    #[arg(long, requires = "out")]
+    #[arg(help_heading = "Output", long, requires = "out")]
     pub(crate) resume: bool,
     /// Refuse images with more pixels than this (checked from the header, before decoding).
-    #[arg(long, default_value_t = preprocess::DEFAULT_MAX_PIXELS)]
+    #[arg(help_heading = "Inputs", long, default_value_t = preprocess::DEFAULT_MAX_PIXELS)]
     max_pixels: u64,
     /// The pdfium library for PDF input (default: `$OCRCTL_PDFIUM_LIB`, else the pypdfium2
     /// wheel in .venv or python3's site-packages).
-    #[arg(long)]
+    #[arg(help_heading = "PDF", long)]
     pub(crate) pdfium_lib: Option<PathBuf>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "PDF")]
     pub(crate) pdf: crate::cli::pdf_limits::PdfLimitArgs,
     /// Devices to run one engine each on, comma-separated: GPU indices (`0,1`, with the
     /// profile's GPU providers) or `cpu`; engines take the next page when they have room.
-    #[arg(long, env = "OCRCTL_DEVICES", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Runtime",
+        long,
+        env = "OCRCTL_DEVICES",
+        value_delimiter = ','
+    )]
     devices: Vec<Device>,
     /// Hide the progress bar (the closing summary line stays).
-    #[arg(long, short)]
+    #[arg(help_heading = "Output", long, short)]
     quiet: bool,
     /// Read folders' subfolders too (else they are skipped and counted in the summary).
-    #[arg(long, short = 'r')]
+    #[arg(help_heading = "Inputs", long, short = 'r')]
     pub(crate) recursive: bool,
     /// Also read the inputs listed in FILE, one path per line (`-`: standard input, e.g.
     /// `ls *.pdf | ocrctl ocr --files-from - …`).
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Inputs", long, value_name = "FILE")]
     pub(crate) files_from: Option<PathBuf>,
     /// Image files (PNG, JPEG, WebP, TIFF), PDFs, folders or quoted glob patterns such as
     /// 'scans/*.pdf' ('scans/**/*.pdf' for every subfolder).
-    #[arg(required_unless_present = "files_from")]
+    #[arg(help_heading = "Inputs", required_unless_present = "files_from")]
     pub(crate) inputs: Vec<PathBuf>,
 }
 

@@ -291,10 +291,11 @@ impl<'a> Output<'a> {
                 self.bar.suspend(|| println!("{v}"));
             }
             Mode::Text => {
-                let sep = if page == 0 {
-                    String::new()
-                } else {
-                    page_separator(doc.page_number(page))
+                let sep = match page {
+                    // Several documents in one stream: each opens with its file's name.
+                    0 if self.docs.len() > 1 => document_header(&doc.path),
+                    0 => String::new(),
+                    _ => page_separator(doc.page_number(page)),
                 };
                 let text = match (marker, r.text) {
                     (Some(m), _) => m,
@@ -485,6 +486,11 @@ fn write_md(path: &Path, pages: &[String], doc: &Document) -> std::io::Result<()
         Ok(())
     };
     write().map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// The line that opens a document's text on stdout when several documents share it.
+pub(crate) fn document_header(path: &Path) -> String {
+    format!("<!-- file: {} -->\n", path.display())
 }
 
 #[cfg(test)]
