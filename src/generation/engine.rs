@@ -53,6 +53,7 @@ mod admission;
 mod batch;
 mod need;
 mod request;
+mod requeue;
 pub use batch::Batch;
 use batch::{Active, Waiting};
 pub use request::{EngineError, Event, Flow, GenRequest};
@@ -94,6 +95,9 @@ pub struct EngineStats {
     /// Pages a paged cache preempted (their blocks given back, their prompt and tokens
     /// recomputed later).
     pub preemptions: u64,
+    /// Pages of a decode step that failed on a CUDA stream-capture collision, queued to be
+    /// recomputed instead of failed (`engine/requeue.rs`).
+    pub requeued: u64,
 }
 
 /// The scheduler. `max_batch` bounds how many requests decode together.
@@ -109,6 +113,8 @@ pub struct Engine<B: Backend> {
     pub stats: EngineStats,
     /// Arrival order of the next request.
     next_seq: u64,
+    /// Times each request (by index) was queued again after a transient step failure.
+    requeues: std::collections::HashMap<usize, u32>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -126,6 +132,7 @@ impl<B: Backend> Engine<B> {
             vision,
             stats: EngineStats::default(),
             next_seq: 0,
+            requeues: std::collections::HashMap::new(),
         }
     }
 
@@ -445,11 +452,20 @@ impl<B: Backend> Engine<B> {
             }
             Err(e) => {
                 let r = Err(EngineError::Runtime(e.to_string()));
-                for m in metas {
-                    on_event(Event::Done {
-                        index: m.0,
-                        result: &r,
-                    });
+                for (index, req, sampler, out, seq, _) in metas {
+                    let q = admission::Queued {
+                        index,
+                        req,
+                        sampler,
+                        out,
+                        seq,
+                    };
+                    if let Some(q) = self.requeue(batch, q, &e) {
+                        on_event(Event::Done {
+                            index: q.index,
+                            result: &r,
+                        });
+                    }
                 }
             }
         }

@@ -29,6 +29,9 @@ pub struct FakeBackend {
     peak: f32,
     delay: Duration,
     panic_at_decode: Option<usize>,
+    /// Decode steps (1-based calls of [`Backend::decode_batch_select`]) that fail, and how.
+    failing_steps: (Vec<usize>, String),
+    steps: usize,
     empty_logits_for: Option<f32>,
     slots: Option<usize>,
     /// One clone per live cache: the strong count says how many slots are taken.
@@ -66,6 +69,8 @@ impl FakeBackend {
             peak: 10.0,
             delay: Duration::ZERO,
             panic_at_decode: None,
+            failing_steps: (Vec::new(), String::new()),
+            steps: 0,
             empty_logits_for: None,
             slots: None,
             held: Arc::new(()),
@@ -117,6 +122,13 @@ impl FakeBackend {
     /// all sequences; prefills do not count), like a runtime bug that unwinds.
     pub fn panic_at_decode(mut self, n: usize) -> FakeBackend {
         self.panic_at_decode = Some(n);
+        self
+    }
+
+    /// Decode steps `steps` (1-based calls of [`Backend::decode_batch_select`]) fail with
+    /// `message` before running, dropping the step's caches (their slots or blocks come back).
+    pub fn fail_steps(mut self, steps: &[usize], message: &str) -> FakeBackend {
+        self.failing_steps = (steps.to_vec(), message.to_string());
         self
     }
 
@@ -435,6 +447,10 @@ impl Backend for FakeBackend {
         caches: Vec<FakeCache>,
         need: &[RowNeed],
     ) -> Result<(Vec<StepLogits>, Vec<FakeCache>), BackendError> {
+        self.steps += 1;
+        if self.failing_steps.0.contains(&self.steps) {
+            return Err(BackendError::runtime("decoder", &self.failing_steps.1));
+        }
         let (logits, caches) = self.decode_batch(tokens, caches)?;
         let Some(k) = self.candidates else {
             return Ok((logits.into_iter().map(StepLogits::Full).collect(), caches));

@@ -452,6 +452,7 @@ mod tests {
                             steps: 30,
                             overlapped_steps: 12,
                             preemptions: 0,
+                            requeued: 0,
                         },
                     },
                 })

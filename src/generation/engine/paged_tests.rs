@@ -76,6 +76,46 @@ fn preempted_pages_resume_with_the_ids_they_would_have_had() {
     }
 }
 
+/// A decode step that fails on a stream-capture collision loses no page: its pages are
+/// recomputed and end with their own ids, at most twice each; any other failure, a third
+/// collision, or a slot cache fails the step's pages as before.
+#[test]
+fn pages_of_a_step_lost_to_a_capture_collision_are_recomputed() {
+    const COLLISION: &str = "CUDA failure 900: operation not permitted when stream is capturing";
+    let reqs: Vec<GenRequest> = (0..4)
+        .map(|i| request(vec![1, 10 + i], Some(3 + i as usize), 12))
+        .collect();
+    let want: Vec<Vec<u32>> = reqs.iter().map(expected).collect();
+    for stage in [false, true] {
+        let mut b = FakeBackend::sum(VOCAB)
+            .blocks(64, 4)
+            .fail_steps(&[3, 7], COLLISION);
+        if stage {
+            b = b.with_image_encoder();
+        }
+        let mut e = Engine::new(b, 4, 9);
+        let out = e.run(reqs.clone(), &mut |_| {});
+        assert_eq!(ids(&out), want, "stage {stage}");
+        assert!(e.stats.requeued >= 2, "stage {stage}: {:?}", e.stats);
+        assert_eq!(e.backend.taken_blocks(), 0, "blocks leaked (stage {stage})");
+    }
+    let fails = |b: FakeBackend| {
+        let mut e = Engine::new(b, 4, 9);
+        let out = e.run(reqs.clone(), &mut |_| {});
+        out.iter().filter(|r| r.is_err()).count()
+    };
+    let other = FakeBackend::sum(VOCAB)
+        .blocks(64, 4)
+        .fail_steps(&[3], "out of memory");
+    assert!(fails(other) > 0, "another error fails its pages");
+    let every = FakeBackend::sum(VOCAB)
+        .blocks(64, 4)
+        .fail_steps(&(1..100).collect::<Vec<_>>(), COLLISION);
+    assert_eq!(fails(every), 4, "a page is recomputed at most twice");
+    let slots = FakeBackend::sum(VOCAB).slots(4).fail_steps(&[3], COLLISION);
+    assert!(fails(slots) > 0, "slot caches are not recomputed");
+}
+
 /// A page that needs the whole pool runs (alone); one that needs more fails alone, as too
 /// long, naming the pool's positions.
 #[test]
