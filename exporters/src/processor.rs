@@ -13,11 +13,18 @@
 //! and gets `processor_class` in any case. ocrctl reads none of these fields: its prompt and
 //! preprocessing already follow LightOnOCR.
 //!
+//! [`complete`] fills what a flat `processor_config.json` (the v1 models' layout, see
+//! [`crate::family`]) leaves out and transformers.js requires: `spatial_merge_size` from
+//! `config.json` and `image_token` from the tokenizer (without them it refuses the export:
+//! "config must contain 'spatial_merge_size'", then no image token).
+//!
 //! [`adapt_config`] adds what the onnx-community `config.json` carries beside the hub's:
 //! `image_token_index` and the `transformers.js_config` block (which graphs have external
 //! data, the KV-cache dtype per precision).
 
+use crate::config::ModelConfig;
 use crate::export::Precision;
+use crate::family::Tokens;
 use crate::graph::GraphInfo;
 use crate::ExportError;
 use serde_json::{json, Value};
@@ -83,6 +90,52 @@ pub fn adapt(dir: &Path) -> Result<(), ExportError> {
                 std::fs::write(&pre, out).map_err(|e| ExportError::io(&pre, e))?;
             }
         }
+    }
+    Ok(())
+}
+
+/// Fills the processor keys the checkpoint's `processor_config.json` in `dir` lacks:
+/// `spatial_merge_size` and `patch_size` from `cfg`, `image_token` from `tokenizer.json`'s
+/// entry for `cfg.image_token_id`. Present keys are kept; no processor file, no change.
+pub fn complete(dir: &Path, cfg: &ModelConfig) -> Result<(), ExportError> {
+    let path = dir.join("processor_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let mut v: Value = serde_json::from_str(&text)
+        .map_err(|e| ExportError::config(&path, format!("not valid JSON: {e}")))?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err(ExportError::config(&path, "expected a JSON object"));
+    };
+    let mut changed = false;
+    for (key, value) in [
+        ("spatial_merge_size", json!(cfg.spatial_merge_size)),
+        ("patch_size", json!(cfg.vision.patch_size)),
+    ] {
+        if obj.get(key).is_none_or(Value::is_null) {
+            obj.insert(key.into(), value);
+            changed = true;
+        }
+    }
+    if obj.get("image_token").is_none_or(Value::is_null) {
+        let tok_path = dir.join("tokenizer.json");
+        let tokens = Tokens::read(&tok_path)?;
+        let token = tokens.token(cfg.image_token_id).ok_or_else(|| {
+            ExportError::config(
+                &tok_path,
+                format!(
+                    "no token with config.json's image_token_id {} (processor_config.json \
+                     names none either)",
+                    cfg.image_token_id
+                ),
+            )
+        })?;
+        obj.insert("image_token".into(), Value::String(token.to_string()));
+        changed = true;
+    }
+    if changed {
+        let out = serde_json::to_string_pretty(&v).expect("JSON");
+        std::fs::write(&path, out).map_err(|e| ExportError::io(&path, e))?;
     }
     Ok(())
 }
@@ -174,6 +227,55 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         adapt(empty.path()).unwrap();
         assert!(!empty.path().join("preprocessor_config.json").exists());
+    }
+
+    /// A flat `processor_config.json` (image settings at the top, no processor keys) gets
+    /// `spatial_merge_size` from the config and `image_token` from the tokenizer; the keys a
+    /// checkpoint gives are kept.
+    #[test]
+    fn a_flat_processor_config_is_completed() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg: ModelConfig = ModelConfig::from_json(
+            &serde_json::from_str(crate::config::LIGHTONOCR_2_1B_CONFIG).unwrap(),
+            Path::new("config.json"),
+        )
+        .unwrap();
+        let flat = json!({"image_processor_type": "PixtralImageProcessorFast",
+                          "processor_class": "LightOnOCRProcessor", "size": {"longest_edge": 1540}});
+        std::fs::write(d.path().join("processor_config.json"), flat.to_string()).unwrap();
+        let tok = json!({"model": {"vocab": {"a": 0}},
+                         "added_tokens": [{"id": 151655, "content": "<|image_pad|>"}]});
+        std::fs::write(d.path().join("tokenizer.json"), tok.to_string()).unwrap();
+        complete(d.path(), &cfg).unwrap();
+        adapt(d.path()).unwrap();
+        let read = |n: &str| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(d.path().join(n)).unwrap()).unwrap()
+        };
+        let p = read("processor_config.json");
+        assert_eq!(p["spatial_merge_size"], 2);
+        assert_eq!(p["patch_size"], 14);
+        assert_eq!(p["image_token"], "<|image_pad|>");
+        assert_eq!(p["size"]["longest_edge"], 1540);
+        let pre = read("preprocessor_config.json");
+        assert_eq!(pre["spatial_merge_size"], 2);
+        assert_eq!(pre["processor_class"], "LightOnOCRProcessor");
+        // Given keys stay; a tokenizer without the image token is an error naming it.
+        let given = json!({"image_token": "<img>", "spatial_merge_size": 3});
+        std::fs::write(d.path().join("processor_config.json"), given.to_string()).unwrap();
+        complete(d.path(), &cfg).unwrap();
+        let p = read("processor_config.json");
+        assert_eq!(
+            (p["image_token"].clone(), p["spatial_merge_size"].clone()),
+            (json!("<img>"), json!(3))
+        );
+        std::fs::write(d.path().join("processor_config.json"), "{}").unwrap();
+        std::fs::write(
+            d.path().join("tokenizer.json"),
+            r#"{"model": {"vocab": {}}}"#,
+        )
+        .unwrap();
+        let e = complete(d.path(), &cfg).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.json") && e.contains("151655"), "{e}");
     }
 
     #[test]
