@@ -124,6 +124,10 @@ def hub_config_to_lighton(cfg: dict):
             del d[k]
     for k in _DROP_KEYS:
         d.pop(k, None)
+    if "image_token_index" in d:  # the pruned models' (older) name
+        index = d.pop("image_token_index")
+        if d.setdefault("image_token_id", index) != index:
+            raise ValueError("image_token_id and image_token_index disagree")
     for name in ("text_config", "vision_config"):
         sub = dict(d[name])
         for k in _DROP_KEYS:
@@ -201,12 +205,30 @@ def preprocess_explicit(img: Image.Image, proc_cfg: dict, align: int = 28) -> np
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
+_IMAGE_SETTING_KEYS = ("image_processor_type", "size", "image_mean", "image_std", "rescale_factor", "resample")
+
+
+def image_settings(ckpt: Path) -> dict:
+    """The image processor settings as ``{"image_processor": {...}}``, wherever the layout keeps
+    them: nested in processor_config.json (v2), flat in it, or in preprocessor_config.json (v1,
+    whose processor_config.json holds the processor keys alone)."""
+    proc = ckpt / "processor_config.json"
+    pre = ckpt / "preprocessor_config.json"
+    p = read_json(proc) if proc.is_file() else {}
+    if isinstance(p.get("image_processor"), dict):
+        return p
+    if any(k in p for k in _IMAGE_SETTING_KEYS):
+        return {"image_processor": p}
+    return {"image_processor": read_json(pre)}
+
+
 def hf_image_processor(proc_cfg: dict):
     from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
-    ip = dict(proc_cfg["image_processor"])
-    ip.pop("image_processor_type", None)
-    ip.pop("data_format", None)
+    ip = {k: v for k, v in proc_cfg["image_processor"].items() if v is not None}
+    for k in ("image_processor_type", "data_format", "processor_class", "image_break_token",
+              "image_end_token", "image_token", "spatial_merge_size"):
+        ip.pop(k, None)
     return PixtralImageProcessorPil(**ip)
 
 
@@ -225,9 +247,15 @@ def load_tokenizer(ckpt: Path):
     return Tokenizer.from_file(str(ckpt / "tokenizer.json"))
 
 
+# The pruned-vocabulary models (LightOnOCR-0.9B-*-1025) keep only some of Qwen's special
+# tokens (no <|vision_*|>); these four every layout has.
+REQUIRED_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>")
+
+
 def special_token_ids(tok) -> dict[str, int]:
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    missing = [t for t, i in ids.items() if i is None]
+    missing = [t for t in REQUIRED_SPECIAL_TOKENS if ids[t] is None]
+    ids = {t: i for t, i in ids.items() if i is not None}
     if missing:
         raise ValueError(f"tokenizer lacks {missing}")
     return ids
@@ -239,9 +267,11 @@ def render_chat_prompt(ckpt: Path) -> str:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     tc = read_json(ckpt / "tokenizer_config.json")
+    # v1 checkpoints keep the template in chat_template.jinja only.
+    template = tc.get("chat_template") or (ckpt / "chat_template.jinja").read_text(encoding="utf-8")
     messages = [{"role": "user", "content": [{"type": "image"}]}]
     rendered, _ = render_jinja_template(
-        conversations=[messages], chat_template=tc["chat_template"], add_generation_prompt=True
+        conversations=[messages], chat_template=template, add_generation_prompt=True
     )
     return rendered[0]
 
@@ -348,9 +378,11 @@ def compute_goldens(fixture: Path, log=print):
     sp = special_token_ids(tok)
     cfg_json = read_json(ckpt / "config.json")
     gen_cfg = read_json(ckpt / "generation_config.json")
-    proc_cfg = read_json(ckpt / "processor_config.json")
-    eos_ids = list(gen_cfg["eos_token_id"])
-    image_token_id = cfg_json["image_token_id"]
+    proc_cfg = image_settings(ckpt)
+    eos = gen_cfg["eos_token_id"]
+    eos_ids = list(eos) if isinstance(eos, list) else [eos]
+    # The pruned models name it image_token_index.
+    image_token_id = cfg_json.get("image_token_id", cfg_json.get("image_token_index"))
     if image_token_id != sp["<|image_pad|>"]:
         raise ValueError("config image_token_id != tokenizer <|image_pad|>")
     model = load_model(ckpt)
