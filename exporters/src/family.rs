@@ -144,7 +144,7 @@ pub fn display_name(generation: Generation, vocab: usize, repo: Option<&str>) ->
         Generation::V2 => " v2",
         Generation::Unknown => "",
     };
-    let pruned = match vocab < FULL_VOCAB && vocab % 1024 == 0 {
+    let pruned = match vocab < FULL_VOCAB && vocab.is_multiple_of(1024) {
         true => format!(" pruned {}k", vocab / 1024),
         false => String::new(),
     };
@@ -176,7 +176,7 @@ fn thousands(n: usize) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(' ');
         }
         out.push(c);
