@@ -274,3 +274,52 @@ fn a_tokenizer_outside_the_configs_vocabulary_is_refused() {
     );
     assert!(!out.exists());
 }
+
+/// LightOnOCR-2's layout (the trained fixture) is named v2; a snapshot in the Hugging Face
+/// cache is named by its repository.
+#[test]
+fn v2_and_hub_snapshots_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("v2");
+    let v2 = checkpoint();
+    ocrctl_ok(&[
+        "export",
+        "--checkpoint",
+        v2.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    check_named(&out, "v2", "LightOnOCR v2, vocabulary 384", 327);
+
+    let snap = tmp
+        .path()
+        .join("hub/models--lightonai--LightOnOCR-1B-1025/snapshots/0123abcd");
+    std::fs::create_dir_all(&snap).unwrap();
+    copy_checkpoint("v1", &snap);
+    let ck = snap.join("ck");
+    for e in std::fs::read_dir(&ck).unwrap() {
+        let e = e.unwrap();
+        std::fs::rename(e.path(), snap.join(e.file_name())).unwrap();
+    }
+    let refs = tmp
+        .path()
+        .join("hub/models--lightonai--LightOnOCR-1B-1025/refs");
+    std::fs::create_dir_all(&refs).unwrap();
+    std::fs::write(refs.join("main"), "0123abcd").unwrap();
+    let out = tmp.path().join("from-hub");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ocrctl"))
+        .args([
+            "export",
+            "--checkpoint",
+            "lightonai/LightOnOCR-1B-1025",
+            "--out",
+        ])
+        .arg(&out)
+        .env("HF_HUB_CACHE", tmp.path().join("hub"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_named(&out, "v1", "LightOnOCR v1 (1B-1025), vocabulary 384", 327);
+    let m = read_json(&out.join("ocrctl.json"));
+    assert_eq!(m["variant"]["repo"], "lightonai/LightOnOCR-1B-1025");
+}

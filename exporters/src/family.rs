@@ -118,8 +118,16 @@ fn generation_of_repo(repo: &str) -> Option<Generation> {
     }
 }
 
-/// v2 was saved by transformers 5 (`rope_parameters`, a nested `image_processor`); v1 by 4.x.
+/// The context length tells the generations apart whoever saved the files (v1 and the
+/// pruned models: 8192 positions; LightOnOCR-2: 16384); other lengths (fine-tunes, fixtures)
+/// go by the layout: v2 was saved by transformers 5 (`rope_parameters`, a nested
+/// `image_processor`), v1 by 4.x.
 fn generation_of_files(raw: &Value, dir: &Path, flavour: Flavour) -> Generation {
+    match raw["text_config"]["max_position_embeddings"].as_u64() {
+        Some(8192) => return Generation::V1,
+        Some(16384) => return Generation::V2,
+        _ => {}
+    }
     if flavour == Flavour::Transformers {
         return Generation::Unknown;
     }
@@ -127,10 +135,7 @@ fn generation_of_files(raw: &Value, dir: &Path, flavour: Flavour) -> Generation 
     let nested_processor = read_json(&dir.join("processor_config.json"))
         .map(|p| p.get("image_processor").is_some_and(Value::is_object))
         .unwrap_or(false);
-    let v4 = raw["transformers_version"]
-        .as_str()
-        .is_some_and(|v| v.starts_with("4."));
-    if (nested_rope || nested_processor) && !v4 {
+    if nested_rope || nested_processor {
         Generation::V2
     } else {
         Generation::V1
@@ -349,41 +354,31 @@ mod tests {
     }
 
     #[test]
-    fn generation_follows_the_layout_of_the_files() {
+    fn generation_follows_the_context_length_then_the_layout() {
         let d = tempfile::tempdir().unwrap();
         let v2: Value = serde_json::from_str(crate::config::LIGHTONOCR_2_1B_CONFIG).unwrap();
-        assert_eq!(
-            generation_of_files(&v2, d.path(), Flavour::Hub),
-            Generation::V2
-        );
         let v1: Value =
             serde_json::from_str(&std::fs::read_to_string(hub_v1().join("config.json")).unwrap())
                 .unwrap();
-        assert_eq!(
-            generation_of_files(&v1, d.path(), Flavour::Hub),
-            Generation::V1
-        );
-        // A nested image_processor is transformers 5's processor layout.
+        let gen = |v: &Value, f| generation_of_files(v, d.path(), f);
+        assert_eq!(gen(&v2, Flavour::Hub), Generation::V2);
+        assert_eq!(gen(&v1, Flavour::Hub), Generation::V1);
+        // Re-saved by transformers 5: the positions still tell.
+        let mut resaved = v1.clone();
+        resaved["model_type"] = "lighton_ocr".into();
+        resaved["text_config"]["rope_parameters"] = serde_json::json!({"rope_theta": 1e6});
+        assert_eq!(gen(&resaved, Flavour::Transformers), Generation::V1);
+        // Other lengths: the layout.
+        let mut other = v1.clone();
+        other["text_config"]["max_position_embeddings"] = 4096.into();
+        assert_eq!(gen(&other, Flavour::Hub), Generation::V1);
+        assert_eq!(gen(&other, Flavour::Transformers), Generation::Unknown);
         std::fs::write(
             d.path().join("processor_config.json"),
             r#"{"image_processor": {}}"#,
         )
         .unwrap();
-        assert_eq!(
-            generation_of_files(&v1, d.path(), Flavour::Hub),
-            Generation::V1,
-            "transformers 4.x wrote it: v1 whatever the processor file"
-        );
-        let mut v1_resaved = v1.clone();
-        v1_resaved["transformers_version"] = "5.1.0".into();
-        assert_eq!(
-            generation_of_files(&v1_resaved, d.path(), Flavour::Hub),
-            Generation::V2
-        );
-        assert_eq!(
-            generation_of_files(&v2, d.path(), Flavour::Transformers),
-            Generation::Unknown
-        );
+        assert_eq!(gen(&other, Flavour::Hub), Generation::V2);
     }
 
     #[test]
