@@ -134,12 +134,22 @@ fn check_named(exported: &Path, generation: &str, name: &str, tokenizer_size: u6
 fn v1_layout_exports_runs_and_matches_transformers() {
     let (_tmp, out) = export("v1");
     check_named(&out, "v1", "LightOnOCR v1, vocabulary 384", 327);
-    // The checkpoint's own preprocessor_config.json (the v1 image settings) is kept; the
+    // The checkpoint's own preprocessor_config.json (the v1 image settings) is kept, with
+    // what transformers.js needs: the merge size, a processor class it has (none for
+    // LightOnOCR: Pixtral's); the chat template goes into tokenizer_config.json too. The
     // processor file keeps its keys, without Pixtral's row-break and image-end tokens.
     let ck = family("v1").join("checkpoint");
-    let pre = read_json(&out.join("preprocessor_config.json"));
+    let mut pre = read_json(&out.join("preprocessor_config.json"));
     let src = read_json(&ck.join("preprocessor_config.json"));
+    assert_eq!(pre["spatial_merge_size"], 2);
+    assert_eq!(pre["processor_class"], "PixtralProcessor");
+    let o = pre.as_object_mut().unwrap();
+    o.remove("spatial_merge_size");
+    o.insert("processor_class".into(), src["processor_class"].clone());
     assert_eq!(pre, src);
+    let tc = read_json(&out.join("tokenizer_config.json"));
+    let template = std::fs::read_to_string(ck.join("chat_template.jinja")).unwrap();
+    assert_eq!(tc["chat_template"].as_str(), Some(template.as_str()));
     let p = read_json(&out.join("processor_config.json"));
     assert_eq!(p["image_token"], "<|image_pad|>");
     assert_eq!(p["spatial_merge_size"], 2);
@@ -182,14 +192,16 @@ fn pruned_16k_vocabulary_exports_and_matches_transformers() {
     assert_eq!(m["model"]["text"]["vocab_size"], 16384);
     // `image_token_index` (the pruned config's name) is the image token, id 7.
     assert_eq!(m["model"]["image_token_id"], 7);
-    // Its Pixtral break/end token (`<|box_end|>`) is cleared like v2's; the image settings
-    // (`patch_size` as {height, width}) are read from preprocessor_config.json.
+    // Its Pixtral break/end token (`<|box_end|>`) is cleared like v2's; its image settings
+    // are read from preprocessor_config.json, whose `patch_size {height, width}` is written
+    // as the bare number transformers.js multiplies.
     let p = read_json(&out.join("processor_config.json"));
     assert_eq!(p["image_break_token"], "");
     assert_eq!(p["image_end_token"], "");
     assert_eq!(p["image_token"], "<|image_pad|>");
     let pre = read_json(&out.join("preprocessor_config.json"));
-    assert_eq!(pre["patch_size"]["height"], 14);
+    assert_eq!(pre["patch_size"], 14);
+    assert_eq!(pre["spatial_merge_size"], 2);
     check_parity("pruned-16k", &out);
 }
 
@@ -218,9 +230,10 @@ fn a_flat_processor_config_is_completed_by_the_export() {
     assert_eq!(p["image_token"], "<|image_pad|>");
     assert_eq!(p["patch_size"], 14);
     assert_eq!(p["size"]["longest_edge"], 1540);
+    assert_eq!(p["image_break_token"], "");
     let pre = read_json(&out.join("preprocessor_config.json"));
     assert_eq!(pre["spatial_merge_size"], 2);
-    assert_eq!(pre["processor_class"], "LightOnOCRProcessor");
+    assert_eq!(pre["processor_class"], "PixtralProcessor");
     let g = golden_of(&family("v1"));
     let m = ocrctl_exporters::manifest::Manifest::load(&out).unwrap();
     let cfg = PreprocessConfig::for_model(&out, &m.model).unwrap();
