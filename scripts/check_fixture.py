@@ -141,8 +141,10 @@ def hub_config_to_lighton(cfg: dict):
     # transformers' PixtralVisionConfig derives head_dim = hidden/heads and ignores the key.
     if vc.get("head_dim", vc["hidden_size"] // vc["num_attention_heads"]) != vc["hidden_size"] // vc["num_attention_heads"]:
         raise ValueError("vision head_dim must equal hidden_size / num_attention_heads")
-    # top-level tie flag follows the text config (the hub only sets it there)
-    d.setdefault("tie_word_embeddings", tc.get("tie_word_embeddings", True))
+    # top-level tie flag follows the text config (the hub only sets it there); absent in both
+    # (the pruned 0.9B models): Qwen3's default, untied, their own lm_head.weight.
+    tie = d.setdefault("tie_word_embeddings", tc.get("tie_word_embeddings", False))
+    tc["tie_word_embeddings"] = tie
     return LightOnOcrConfig(**d)
 
 
@@ -164,10 +166,17 @@ def load_model(ckpt: Path, attn_implementation: str = ATTN_IMPLEMENTATION):
     missing = sorted(set(result.missing_keys) - {"lm_head.weight"})
     if missing or result.unexpected_keys:
         raise RuntimeError(f"weight mismatch: missing={missing} unexpected={result.unexpected_keys}")
-    if "lm_head.weight" in state:
-        if not torch.equal(state["lm_head.weight"], state["model.language_model.embed_tokens.weight"]):
+    embed = model.model.language_model.embed_tokens.weight
+    if not config.tie_word_embeddings:
+        if "lm_head.weight" not in state:
+            raise RuntimeError("untied config but no lm_head.weight in the checkpoint")
+        if model.lm_head.weight is embed or not torch.equal(model.lm_head.weight, state["lm_head.weight"]):
+            raise RuntimeError("lm_head.weight was not loaded as its own tensor")
+    else:
+        if "lm_head.weight" in state and not torch.equal(state["lm_head.weight"],
+                                                         state["model.language_model.embed_tokens.weight"]):
             raise RuntimeError("lm_head.weight present but not equal to the embeddings")
-    model.lm_head.weight = model.model.language_model.embed_tokens.weight  # tie
+        model.lm_head.weight = embed  # tie
     model.to(torch.float32).eval()
     return model
 

@@ -190,8 +190,10 @@ fn pruned_16k_vocabulary_exports_and_matches_transformers() {
     );
     let m = read_json(&out.join("ocrctl.json"));
     assert_eq!(m["model"]["text"]["vocab_size"], 16384);
-    // `image_token_index` (the pruned config's name) is the image token, id 7.
+    // `image_token_index` (the pruned config's name) is the image token, id 7; no tie flag:
+    // the checkpoint's own lm_head.weight (the goldens use it too).
     assert_eq!(m["model"]["image_token_id"], 7);
+    assert_eq!(m["model"]["text"]["tie_word_embeddings"], false);
     // Its Pixtral break/end token (`<|box_end|>`) is cleared like v2's; its image settings
     // are read from preprocessor_config.json, whose `patch_size {height, width}` is written
     // as the bare number transformers.js multiplies.

@@ -8,9 +8,11 @@
 //!   `pad_token_id`; the image settings are in `preprocessor_config.json` and
 //!   `processor_config.json` holds the processor keys alone; `tokenizer_config.json` has no
 //!   chat template (it is in `chat_template.jinja`). The pruned models go further: the image
-//!   token is `image_token_index` (7: their special tokens take ids 0..7), no tie flag,
+//!   token is `image_token_index` (7: their special tokens take ids 0..7), no tie flag (an
+//!   `lm_head.weight` of their own: 1 768 379 070 bytes stored for the 16k model is the untied
+//!   size plus the same 1.14 MB of other files as the 32k model's),
 //!   `generation_config.json` holds eos 1 alone, Pixtral's break/end token is `<|box_end|>`
-//!   and the chat template is Qwen2-VL's (same prompt for an image).
+//!   and the chat template is Qwen2-VL's (rendered as shipped).
 //! - **v2** (`lightonai/LightOnOCR-2-1B` and its -base, -bbox, -soup siblings): saved by
 //!   transformers 5. `rope_theta` both flat and in `rope_parameters`, top-level eos/pad ids,
 //!   the image settings nested in `processor_config.json`'s `image_processor`.
@@ -333,7 +335,7 @@ mod tests {
     }
 
     /// `tests/fixtures/family/hub-0.9B-16k`: lightonai/LightOnOCR-0.9B-16k-1025's JSON files:
-    /// `image_token_index` 7 (its special tokens come first), no tie flag (tied), the same
+    /// `image_token_index` 7 (its special tokens come first), no tie flag (untied), the same
     /// shapes as v1 with 16 384 rows.
     #[test]
     fn the_pruned_hub_config_reads_as_v1_with_its_vocabulary() {
@@ -344,6 +346,9 @@ mod tests {
         assert_eq!((pruned.image_token_id, pruned.text.vocab_size), (7, 16384));
         v1.image_token_id = 7;
         v1.text.vocab_size = 16384;
+        // No tie flag: an lm_head of its own, as transformers reads it.
+        assert!(!pruned.text.tie_word_embeddings);
+        v1.text.tie_word_embeddings = false;
         assert_eq!(pruned, v1);
         let v = Variant::detect(&dir, &pruned).unwrap();
         assert_eq!(v.generation, Generation::V1);
