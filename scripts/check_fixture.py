@@ -124,6 +124,10 @@ def hub_config_to_lighton(cfg: dict):
             del d[k]
     for k in _DROP_KEYS:
         d.pop(k, None)
+    if "image_token_index" in d:  # the pruned models' (older) name
+        index = d.pop("image_token_index")
+        if d.setdefault("image_token_id", index) != index:
+            raise ValueError("image_token_id and image_token_index disagree")
     for name in ("text_config", "vision_config"):
         sub = dict(d[name])
         for k in _DROP_KEYS:
@@ -137,8 +141,10 @@ def hub_config_to_lighton(cfg: dict):
     # transformers' PixtralVisionConfig derives head_dim = hidden/heads and ignores the key.
     if vc.get("head_dim", vc["hidden_size"] // vc["num_attention_heads"]) != vc["hidden_size"] // vc["num_attention_heads"]:
         raise ValueError("vision head_dim must equal hidden_size / num_attention_heads")
-    # top-level tie flag follows the text config (the hub only sets it there)
-    d.setdefault("tie_word_embeddings", tc.get("tie_word_embeddings", True))
+    # top-level tie flag follows the text config (the hub only sets it there); absent in both
+    # (the pruned 0.9B models): Qwen3's default, untied, their own lm_head.weight.
+    tie = d.setdefault("tie_word_embeddings", tc.get("tie_word_embeddings", False))
+    tc["tie_word_embeddings"] = tie
     return LightOnOcrConfig(**d)
 
 
@@ -160,10 +166,17 @@ def load_model(ckpt: Path, attn_implementation: str = ATTN_IMPLEMENTATION):
     missing = sorted(set(result.missing_keys) - {"lm_head.weight"})
     if missing or result.unexpected_keys:
         raise RuntimeError(f"weight mismatch: missing={missing} unexpected={result.unexpected_keys}")
-    if "lm_head.weight" in state:
-        if not torch.equal(state["lm_head.weight"], state["model.language_model.embed_tokens.weight"]):
+    embed = model.model.language_model.embed_tokens.weight
+    if not config.tie_word_embeddings:
+        if "lm_head.weight" not in state:
+            raise RuntimeError("untied config but no lm_head.weight in the checkpoint")
+        if model.lm_head.weight is embed or not torch.equal(model.lm_head.weight, state["lm_head.weight"]):
+            raise RuntimeError("lm_head.weight was not loaded as its own tensor")
+    else:
+        if "lm_head.weight" in state and not torch.equal(state["lm_head.weight"],
+                                                         state["model.language_model.embed_tokens.weight"]):
             raise RuntimeError("lm_head.weight present but not equal to the embeddings")
-    model.lm_head.weight = model.model.language_model.embed_tokens.weight  # tie
+        model.lm_head.weight = embed  # tie
     model.to(torch.float32).eval()
     return model
 
@@ -201,12 +214,30 @@ def preprocess_explicit(img: Image.Image, proc_cfg: dict, align: int = 28) -> np
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
+_IMAGE_SETTING_KEYS = ("image_processor_type", "size", "image_mean", "image_std", "rescale_factor", "resample")
+
+
+def image_settings(ckpt: Path) -> dict:
+    """The image processor settings as ``{"image_processor": {...}}``, wherever the layout keeps
+    them: nested in processor_config.json (v2), flat in it, or in preprocessor_config.json (v1,
+    whose processor_config.json holds the processor keys alone)."""
+    proc = ckpt / "processor_config.json"
+    pre = ckpt / "preprocessor_config.json"
+    p = read_json(proc) if proc.is_file() else {}
+    if isinstance(p.get("image_processor"), dict):
+        return p
+    if any(k in p for k in _IMAGE_SETTING_KEYS):
+        return {"image_processor": p}
+    return {"image_processor": read_json(pre)}
+
+
 def hf_image_processor(proc_cfg: dict):
     from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
-    ip = dict(proc_cfg["image_processor"])
-    ip.pop("image_processor_type", None)
-    ip.pop("data_format", None)
+    ip = {k: v for k, v in proc_cfg["image_processor"].items() if v is not None}
+    for k in ("image_processor_type", "data_format", "processor_class", "image_break_token",
+              "image_end_token", "image_token", "spatial_merge_size"):
+        ip.pop(k, None)
     return PixtralImageProcessorPil(**ip)
 
 
@@ -225,9 +256,15 @@ def load_tokenizer(ckpt: Path):
     return Tokenizer.from_file(str(ckpt / "tokenizer.json"))
 
 
+# The pruned-vocabulary models (LightOnOCR-0.9B-*-1025) keep only some of Qwen's special
+# tokens (no <|vision_*|>); these four every layout has.
+REQUIRED_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>")
+
+
 def special_token_ids(tok) -> dict[str, int]:
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    missing = [t for t, i in ids.items() if i is None]
+    missing = [t for t in REQUIRED_SPECIAL_TOKENS if ids[t] is None]
+    ids = {t: i for t, i in ids.items() if i is not None}
     if missing:
         raise ValueError(f"tokenizer lacks {missing}")
     return ids
@@ -239,9 +276,11 @@ def render_chat_prompt(ckpt: Path) -> str:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     tc = read_json(ckpt / "tokenizer_config.json")
+    # v1 checkpoints keep the template in chat_template.jinja only.
+    template = tc.get("chat_template") or (ckpt / "chat_template.jinja").read_text(encoding="utf-8")
     messages = [{"role": "user", "content": [{"type": "image"}]}]
     rendered, _ = render_jinja_template(
-        conversations=[messages], chat_template=tc["chat_template"], add_generation_prompt=True
+        conversations=[messages], chat_template=template, add_generation_prompt=True
     )
     return rendered[0]
 
@@ -348,9 +387,11 @@ def compute_goldens(fixture: Path, log=print):
     sp = special_token_ids(tok)
     cfg_json = read_json(ckpt / "config.json")
     gen_cfg = read_json(ckpt / "generation_config.json")
-    proc_cfg = read_json(ckpt / "processor_config.json")
-    eos_ids = list(gen_cfg["eos_token_id"])
-    image_token_id = cfg_json["image_token_id"]
+    proc_cfg = image_settings(ckpt)
+    eos = gen_cfg["eos_token_id"]
+    eos_ids = list(eos) if isinstance(eos, list) else [eos]
+    # The pruned models name it image_token_index.
+    image_token_id = cfg_json.get("image_token_id", cfg_json.get("image_token_index"))
     if image_token_id != sp["<|image_pad|>"]:
         raise ValueError("config image_token_id != tokenizer <|image_pad|>")
     model = load_model(ckpt)

@@ -357,10 +357,13 @@ fn text_config(s: &Section, top_tie: Option<bool>) -> Result<TextConfig, ExportE
     if head_dim % 2 != 0 {
         return Err(s.err("head_dim", "must be even for RoPE"));
     }
+    // Absent everywhere (the pruned 0.9B models): Qwen3's default, untied, as transformers
+    // reads it; their checkpoints carry an `lm_head.weight` (their sizes on the hub say so),
+    // and one without it still gets the embeddings (`decoder::lm_head_name`).
     let tie = s
         .opt_bool("tie_word_embeddings")?
         .or(top_tie)
-        .unwrap_or(true);
+        .unwrap_or(false);
     let cfg = TextConfig {
         hidden_size,
         num_layers: s.usize("num_hidden_layers")?,

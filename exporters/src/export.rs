@@ -8,6 +8,7 @@ use crate::checkpoint::{Checkpoint, Weights};
 use crate::config::ModelConfig;
 use crate::contract::graph;
 use crate::dummy::{self, DummyWeights};
+use crate::family::{Generation, Variant};
 use crate::graph::{DType, GraphInfo};
 use crate::layers::{Emit, Int4Format, Quant, Target};
 use crate::{decoder, embed, vision, ExportError};
@@ -321,58 +322,66 @@ pub fn export(
     std::fs::create_dir_all(&onnx_dir).map_err(|e| ExportError::io(&onnx_dir, e))?;
     let mut tmp = TempDir(tmp_path.clone(), false);
 
-    let (cfg, weights, source_files): (ModelConfig, Box<dyn Weights>, Vec<SourceFile>) =
-        if let Some(dummy_name) = opts.checkpoint.strip_prefix("dummy:") {
-            let cfg = dummy::write_files(dummy_name, &tmp_path)?;
-            (cfg, Box::new(DummyWeights), Vec::new())
-        } else {
-            let dir = match crate::hub::resolve(&opts.checkpoint) {
-                Some(Ok(dir)) => dir,
-                Some(Err(e)) => {
-                    return Err(ExportError::Invalid(format!(
-                        "{}: no such folder; as a hub id, {e}",
-                        opts.checkpoint
-                    )))
-                }
-                None => {
-                    return Err(ExportError::Invalid(format!(
-                        "{}: checkpoint directory not found (--checkpoint takes a folder, a hub \
+    let (cfg, weights, source_files, variant): (
+        ModelConfig,
+        Box<dyn Weights>,
+        Vec<SourceFile>,
+        Variant,
+    ) = if let Some(dummy_name) = opts.checkpoint.strip_prefix("dummy:") {
+        let cfg = dummy::write_files(dummy_name, &tmp_path)?;
+        // The dummy configs are LightOnOCR-2-1B's (or its shapes shrunk).
+        let variant = Variant::new(Generation::V2, cfg.text.vocab_size, None, None);
+        (cfg, Box::new(DummyWeights), Vec::new(), variant)
+    } else {
+        let dir = match crate::hub::resolve(&opts.checkpoint) {
+            Some(Ok(dir)) => dir,
+            Some(Err(e)) => {
+                return Err(ExportError::Invalid(format!(
+                    "{}: no such folder; as a hub id, {e}",
+                    opts.checkpoint
+                )))
+            }
+            None => {
+                return Err(ExportError::Invalid(format!(
+                    "{}: checkpoint directory not found (--checkpoint takes a folder, a hub \
                          id such as lightonai/LightOnOCR-2-1B in the Hugging Face cache, or \
                          dummy:lightonocr-2-1b)",
-                        opts.checkpoint
-                    )))
-                }
-            };
-            if !dir.join("config.json").is_file() {
-                return Err(ExportError::Invalid(format!(
-                    "{}: not a checkpoint (no config.json); --checkpoint takes a LightOnOCR \
+                    opts.checkpoint
+                )))
+            }
+        };
+        if !dir.join("config.json").is_file() {
+            return Err(ExportError::Invalid(format!(
+                "{}: not a checkpoint (no config.json); --checkpoint takes a LightOnOCR \
                      checkpoint folder (config.json, model.safetensors or shards, tokenizer.json) \
                      or dummy:lightonocr-2-1b",
-                    dir.display()
-                )));
+                dir.display()
+            )));
+        }
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let ck = Checkpoint::open(&dir)?;
+        if !dir.join("tokenizer.json").is_file() {
+            return Err(ExportError::Invalid(format!(
+                "{}: tokenizer.json is missing (needed to run the model)",
+                dir.display()
+            )));
+        }
+        let mut files = Vec::new();
+        for f in COPIED_FILES {
+            let src = dir.join(f);
+            if src.is_file() {
+                let dst = tmp_path.join(f);
+                std::fs::copy(&src, &dst).map_err(|e| ExportError::io(&src, e))?;
+                files.push(sha256_file(&src)?);
             }
-            let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-            let ck = Checkpoint::open(&dir)?;
-            if !dir.join("tokenizer.json").is_file() {
-                return Err(ExportError::Invalid(format!(
-                    "{}: tokenizer.json is missing (needed to run the model)",
-                    dir.display()
-                )));
-            }
-            let mut files = Vec::new();
-            for f in COPIED_FILES {
-                let src = dir.join(f);
-                if src.is_file() {
-                    let dst = tmp_path.join(f);
-                    std::fs::copy(&src, &dst).map_err(|e| ExportError::io(&src, e))?;
-                    files.push(sha256_file(&src)?);
-                }
-            }
-            for p in ck.files() {
-                files.push(sha256_file(&p)?);
-            }
-            (cfg, Box::new(ck), files)
-        };
+        }
+        for p in ck.files() {
+            files.push(sha256_file(&p)?);
+        }
+        let variant = Variant::detect(&dir, &cfg)?;
+        (cfg, Box::new(ck), files, variant)
+    };
+    crate::processor::complete(&tmp_path, &cfg)?;
     crate::processor::adapt(&tmp_path)?;
     check_int4(opts, &cfg)?;
     let decoders = decoders_to_write(opts, &cfg, progress)?;
@@ -494,6 +503,7 @@ pub fn export(
             .then_some(opts.int4),
         awq: awq_plan.map(|p| p.choices),
         model: cfg,
+        variant: Some(variant),
         graphs,
         files: Vec::new(),
         kv_cache: opts.kv_cache,

@@ -32,6 +32,7 @@ pub mod dummy;
 pub mod embed;
 pub mod engines;
 pub mod export;
+pub mod family;
 pub mod graph;
 pub mod hub;
 pub mod kv_cache;

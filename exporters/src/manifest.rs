@@ -39,6 +39,9 @@ pub struct Manifest {
     #[serde(default)]
     pub awq: Option<Vec<crate::awq::GroupChoice>>,
     pub model: ModelConfig,
+    /// The family member exported (exports before it was recorded: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<crate::family::Variant>,
     /// precision → part (`vision_encoder`, `embed_tokens`, `decoder_model_merged`) → graph.
     pub graphs: BTreeMap<Precision, BTreeMap<String, GraphInfo>>,
     /// Size and sha256 of every file the export wrote but this manifest (names relative to

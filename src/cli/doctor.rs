@@ -4,7 +4,8 @@
 //! built with and which really start (a one-node model is loaded with each), the TensorRT-RTX
 //! plugin (found, loaded, offered a device) and its ahead-of-time builder, the pdfium
 //! library for PDF input (optional: its absence does not fail the check), the GPU(s) from
-//! `nvidia-smi`, the host memory, and which built-in profiles' memory targets fit.
+//! `nvidia-smi`, the host memory, and which built-in profiles' memory targets fit; with
+//! `--model DIR`, which LightOnOCR variant the export is.
 
 use clap::Args;
 use ocrctl::runtime::ortlib;
@@ -19,6 +20,29 @@ pub struct DoctorArgs {
     /// Path of libonnxruntime.so (default: found automatically).
     #[arg(long, env = "OCRCTL_ORT_LIB")]
     ort_lib: Option<PathBuf>,
+    /// An export to describe too: which LightOnOCR variant it is, its precisions.
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+/// The `model` line: the export's variant (as `ocrctl.json` names it) and precisions.
+fn model_line(dir: &std::path::Path) -> Result<String, String> {
+    let m = ocrctl_exporters::manifest::Manifest::load(dir).map_err(|e| e.to_string())?;
+    let name = match &m.variant {
+        Some(v) => v.name.clone(),
+        // Exports made before the variant was recorded.
+        None => ocrctl_exporters::family::display_name(
+            ocrctl_exporters::family::Generation::Unknown,
+            m.model.text.vocab_size,
+            None,
+        ),
+    };
+    let precisions: Vec<&str> = m.precisions.iter().map(|p| p.name()).collect();
+    Ok(format!(
+        "{name} ({}, {})",
+        dir.display(),
+        precisions.join(", ")
+    ))
 }
 
 /// One GPU as `nvidia-smi` reports it: name and total memory in MiB.
@@ -141,6 +165,15 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
             ocrctl::documents::pdf::library_version(&path).unwrap_or("unknown".into())
         ),
         Err(e) => println!("pdfium         NOT AVAILABLE (needed for PDFs only): {e}"),
+    }
+    if let Some(dir) = &a.model {
+        match model_line(dir) {
+            Ok(line) => println!("model          {line}"),
+            Err(e) => {
+                println!("model          NOT USABLE: {e}");
+                ok = false;
+            }
+        }
     }
     let gpus = gpus();
     if gpus.is_empty() {

@@ -40,6 +40,8 @@ pub const DEFAULT_MAX_PIXELS: u64 = 100_000_000;
 
 /// File name of the image processor configuration inside a checkpoint directory.
 pub const PROCESSOR_CONFIG_FILE: &str = "processor_config.json";
+/// File name of the image processor's own configuration (the v1 models' image settings).
+pub const PREPROCESSOR_CONFIG_FILE: &str = "preprocessor_config.json";
 
 /// Errors from loading images or the preprocessing configuration.
 #[derive(Debug, thiserror::Error)]
@@ -181,7 +183,8 @@ impl PreprocessConfig {
         )
     }
 
-    /// Reads `processor_config.json` from a checkpoint directory.
+    /// Reads the image settings of a checkpoint directory: `processor_config.json`, or
+    /// `preprocessor_config.json` when the former holds only processor keys (the v1 layout).
     ///
     /// `patch_size` and `merge_size` come from the model configuration (the processor file
     /// stores only the bare patch size). Recognised keys, at the top level or nested under
@@ -200,7 +203,7 @@ impl PreprocessConfig {
             merge_size,
             ..Self::default()
         };
-        let path = dir.join(PROCESSOR_CONFIG_FILE);
+        let path = settings_file(dir);
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cfg),
@@ -310,6 +313,40 @@ impl PreprocessConfig {
             }
         }
         Ok(cfg)
+    }
+}
+
+/// Keys of the image settings, at the top level of a flat processor file.
+const IMAGE_SETTING_KEYS: [&str; 6] = [
+    "image_processor_type",
+    "size",
+    "image_mean",
+    "image_std",
+    "rescale_factor",
+    "resample",
+];
+
+/// The file that holds the image settings: `processor_config.json`, unless it holds none and
+/// `preprocessor_config.json` is there (the v1 models keep the processor keys alone in the
+/// former and the image settings in the latter).
+fn settings_file(dir: &Path) -> std::path::PathBuf {
+    let proc = dir.join(PROCESSOR_CONFIG_FILE);
+    let pre = dir.join(PREPROCESSOR_CONFIG_FILE);
+    if !pre.is_file() {
+        return proc;
+    }
+    let has_settings = match std::fs::read_to_string(&proc) {
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        // Unparseable: reported on the processor file itself.
+        Ok(text) => serde_json::from_str::<Value>(&text).map_or(true, |v| {
+            v.get("image_processor").is_some()
+                || IMAGE_SETTING_KEYS.iter().any(|k| v.get(k).is_some())
+        }),
+    };
+    if has_settings {
+        proc
+    } else {
+        pre
     }
 }
 

@@ -117,6 +117,7 @@ pub fn fake_export(dir: &Path, precisions: &[Precision], target: Target) {
         int4: None,
         awq: None,
         model: full_size_config(),
+        variant: None,
         graphs,
         files: vec![],
         kv_cache: Default::default(),

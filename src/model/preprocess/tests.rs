@@ -464,3 +464,46 @@ fn config_from_model_dir() {
     assert!(matches!(err, PreprocessError::Json { .. }));
     assert!(err.to_string().contains(PROCESSOR_CONFIG_FILE));
 }
+
+/// The v1 layout (LightOnOCR-1B-1025): `processor_config.json` holds the processor keys alone,
+/// the image settings are in `preprocessor_config.json`; a processor file with settings wins.
+#[test]
+fn v1_image_settings_come_from_preprocessor_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let proc = dir.path().join(PROCESSOR_CONFIG_FILE);
+    let pre = dir.path().join(PREPROCESSOR_CONFIG_FILE);
+    std::fs::write(
+        &proc,
+        r#"{"image_break_token": "<|vision_pad|>", "image_end_token": "<|vision_end|>",
+            "image_token": "<|image_pad|>", "patch_size": 14,
+            "processor_class": "LightOnOCRProcessor", "spatial_merge_size": 2}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        &pre,
+        r#"{"image_processor_type": "PixtralImageProcessorFast", "size": {"longest_edge": 980},
+            "image_mean": [0.5, 0.5, 0.5], "resample": 3}"#,
+    )
+    .unwrap();
+    let cfg = PreprocessConfig::from_model_dir(dir.path(), 14, 2).unwrap();
+    assert_eq!((cfg.longest_edge, cfg.image_mean), (980, [0.5; 3]));
+    // Only the preprocessor file: read too.
+    std::fs::remove_file(&proc).unwrap();
+    let cfg = PreprocessConfig::from_model_dir(dir.path(), 14, 2).unwrap();
+    assert_eq!(cfg.longest_edge, 980);
+    // A malformed one is reported by its own name.
+    std::fs::write(&pre, r#"{"size": {"longest_edge": 0}}"#).unwrap();
+    let msg = PreprocessConfig::from_model_dir(dir.path(), 14, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains(PREPROCESSOR_CONFIG_FILE), "{msg}");
+    // Settings in the processor file take precedence (the v2 layout keeps both).
+    std::fs::write(&pre, r#"{"size": {"longest_edge": 980}}"#).unwrap();
+    std::fs::write(
+        &proc,
+        r#"{"image_processor": {"size": {"longest_edge": 700}}}"#,
+    )
+    .unwrap();
+    let cfg = PreprocessConfig::from_model_dir(dir.path(), 14, 2).unwrap();
+    assert_eq!(cfg.longest_edge, 700);
+}

@@ -3,6 +3,7 @@
 // decoding of 40 tokens per fixture image (EOS does not stop, as in the goldens).
 //
 //   node run.mjs EXPORT_DIR [DTYPE]        DTYPE: fp32 | fp16 | q4 | q4f16 (default fp32)
+//   OCRCTL_FIXTURE=tests/fixtures/family/v1 node run.mjs EXPORT_DIR   (another fixture's goldens)
 //
 // Prints one JSON line per image of tests/fixtures/tiny-lightonocr/golden/golden.json:
 // {image, dtype, prompt_match, until_eos_match, greedy_match, first_diff, prompt_ids, generated_ids}
@@ -22,9 +23,13 @@ if (!exportDir) {
     console.error('usage: node run.mjs EXPORT_DIR [fp32|fp16|q4|q4f16]');
     process.exit(2);
 }
-const fixture = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../fixtures/tiny-lightonocr');
+// OCRCTL_FIXTURE: another fixture with goldens (tests/fixtures/family/*; no int4 ids there).
+const fixture = process.env.OCRCTL_FIXTURE
+    ? path.resolve(process.env.OCRCTL_FIXTURE)
+    : path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../fixtures/tiny-lightonocr');
 const golden = JSON.parse(fs.readFileSync(`${fixture}/golden/golden.json`, 'utf8'));
-const int4 = JSON.parse(fs.readFileSync(`${fixture}/int4_expected.json`, 'utf8'));
+const int4File = `${fixture}/int4_expected.json`;
+const int4 = fs.existsSync(int4File) ? JSON.parse(fs.readFileSync(int4File, 'utf8')) : { images: [] };
 const int4Ids = Object.fromEntries(int4.images.map((im) => [im.file, im.int4_greedy_ids]));
 
 const dir = path.resolve(exportDir);
