@@ -300,7 +300,7 @@ impl Metrics {
             g.body_peak_bytes as f64,
         );
         type Field = fn(&EngineGauges) -> f64;
-        let per_engine: [(&str, &str, &str, Field); 12] = [
+        let per_engine: [(&str, &str, &str, Field); 13] = [
             (
                 "ocrctl_engine_ready",
                 "gauge",
@@ -372,6 +372,12 @@ impl Metrics {
                 "counter",
                 "Pages preempted by a full paged KV cache (recomputed later).",
                 |e| e.activity.stats.preemptions as f64,
+            ),
+            (
+                "ocrctl_engine_requeued_total",
+                "counter",
+                "Pages of a decode step lost to a CUDA stream-capture collision, recomputed.",
+                |e| e.activity.stats.requeued as f64,
             ),
         ];
         for (name, kind, help, f) in per_engine {
