@@ -262,6 +262,16 @@ impl Profile {
 
     /// Checks every value and every relation between values; the first problem is returned.
     pub fn validate(&self) -> Result<(), ProfileError> {
+        // In this order: the first field at fault is the one named.
+        self.check_identity()?;
+        self.check_lengths()?;
+        self.check_memory()?;
+        self.check_sections_present()?;
+        self.check_sections()
+    }
+
+    /// Name, description, GPU memory and the providers listed.
+    fn check_identity(&self) -> Result<(), ProfileError> {
         if !valid_name(&self.name) {
             return Err(self.invalid(
                 "name",
@@ -301,6 +311,11 @@ impl Profile {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Batch, image side, sequence and token limits, and that a largest page fits.
+    fn check_lengths(&self) -> Result<(), ProfileError> {
         if self.max_batch_size == 0 {
             return Err(self.invalid("max_batch_size", "must be at least 1"));
         }
@@ -371,6 +386,11 @@ impl Profile {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The KV cache, request and decoding memory limits.
+    fn check_memory(&self) -> Result<(), ProfileError> {
         check_gb(self, "kv_cache_gb", self.kv_cache_gb, false)?;
         if self.uses_gpu() && self.kv_cache_gb > self.gpu_memory_gb {
             return Err(self.invalid(
@@ -390,6 +410,11 @@ impl Profile {
         if self.max_body_mb == 0 {
             return Err(self.invalid("max_body_mb", "must be at least 1"));
         }
+        Ok(())
+    }
+
+    /// A section for each provider listed, and the TensorRT-RTX one's values.
+    fn check_sections_present(&self) -> Result<(), ProfileError> {
         if self.has(Provider::TensorRt) && self.tensorrt.is_none() {
             return Err(self.invalid("tensorrt", "is missing but providers lists tensorrt"));
         }
@@ -433,6 +458,11 @@ impl Profile {
         if self.has(Provider::Cpu) && self.cpu.is_none() {
             return Err(self.invalid("cpu", "is missing but providers lists cpu"));
         }
+        Ok(())
+    }
+
+    /// The TensorRT, CUDA and CPU sections' values.
+    fn check_sections(&self) -> Result<(), ProfileError> {
         if let Some(t) = &self.tensorrt {
             check_gb(self, "tensorrt.workspace_gb", t.workspace_gb, false)?;
             if self.uses_gpu() && t.workspace_gb >= self.gpu_memory_gb {
