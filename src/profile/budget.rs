@@ -189,192 +189,25 @@ pub fn budget_with(
     gpu_memory_bytes: Option<u64>,
     options: BudgetOptions,
 ) -> Budget {
-    let p = profile;
-    let d = dims;
-    let eb = activation_bytes(p.precision);
-    let b = p.max_batch_size as u64;
-    let seq = p.max_sequence_length as u64;
-    let side = p.max_image_side as u64;
-    let mut rows = Vec::new();
-    let mut notes = Vec::new();
-
-    rows.push(BudgetRow {
-        item: "weights".into(),
-        bytes: weights_bytes,
-        detail: format!("{} graphs of the export", p.precision.name()),
-    });
-    if options.stage_weights_bytes > 0 {
-        rows.push(BudgetRow {
-            item: "prefill stage weights".into(),
-            bytes: options.stage_weights_bytes,
-            detail: "GQA decoder and embeddings loaded again for the prefill stage \
-                     (--prefill-stage on)"
-                .into(),
-        });
-    }
-
-    let kv_eb = options.kv_element_bytes.unwrap_or(eb);
-    let per_token = d.kv_bytes_per_token(kv_eb);
-    let kv = mul(&[b, seq, per_token]);
-    rows.push(BudgetRow {
-        item: "KV cache".into(),
-        bytes: kv,
-        detail: format!(
-            "{b} × {seq} tokens × {} ({} layers × 2 × {} kv heads × {} × {kv_eb} B)",
-            kib_str(per_token),
-            d.text_layers,
-            d.text_kv_heads,
-            d.text_head_dim
-        ),
-    });
-    if options.kv_step_copy {
-        rows.push(BudgetRow {
-            item: "KV step copy".into(),
-            bytes: kv,
-            detail: "present.* of a step next to past_key_values.* (Concat-based decoder)".into(),
-        });
-    }
-
-    // Vision: one image per call; fused attention has no patches² score tensor.
-    let patches = d.patches(side, side);
-    let scores = mul(&[d.vision_heads, patches, patches, 4]);
-    let vision_act = mul(&[
-        patches,
-        HIDDEN_COPIES * d.vision_hidden + MLP_COPIES * d.vision_intermediate,
-        eb,
-    ])
-    .saturating_add(mul(&[3, side, side, eb]));
-    if options.vision_attention_fused {
-        rows.push(BudgetRow {
-            item: "vision activations".into(),
-            bytes: vision_act,
-            detail: format!("one {side}×{side} image, {patches} patches, fused attention"),
-        });
-        notes.push(format!(
-            "unfused, the vision attention at {side}×{side} would need {} per layer for one \
-             float32 score tensor ({} heads × {patches}² × 4 B), twice that with the softmax \
-             next to it; the vision row assumes a fused kernel",
-            gib_str(scores),
-            d.vision_heads
-        ));
-    } else {
-        rows.push(BudgetRow {
-            item: "vision activations".into(),
-            bytes: vision_act.saturating_add(mul(&[scores, SCORE_BYTES / 4])),
-            detail: format!(
-                "one {side}×{side} image, {patches} patches, UNFUSED attention: scores {} per layer",
-                gib_str(mul(&[scores, SCORE_BYTES / 4]))
-            ),
-        });
-    }
-
-    // Decoder prefill: the longest prompt, standard attention as exported.
-    let s = (d.image_tokens(side, side) + PROMPT_TOKENS).min(seq);
-    let per_seq = mul(&[
-        s,
-        HIDDEN_COPIES * d.text_hidden
-            + 3 * d.text_heads * d.text_head_dim
-            + MLP_COPIES * d.text_intermediate,
-        eb,
-    ])
-    .saturating_add(mul(&[d.text_heads, s, s, SCORE_BYTES]))
-    .saturating_add(mul(&[s, s]));
-    let prefill = mul(&[options.prefill_batch.max(1), per_seq]);
-    rows.push(BudgetRow {
-        item: "decoder prefill".into(),
-        bytes: prefill,
-        detail: format!(
-            "{} × {s}-token prompt, unfused attention scores {} per layer",
-            options.prefill_batch.max(1),
-            mib_str(mul(&[d.text_heads, s, s, SCORE_BYTES]))
-        ),
-    });
-    if options.prefill_batch <= 1 {
-        notes.push(
-            "prefill is counted for one request at a time (joined to the decode batch when \
-             done); prefilling k requests together multiplies that row by k"
-                .into(),
-        );
-    }
-
-    let logits = mul(&[b, d.vocab, 4]);
-    rows.push(BudgetRow {
-        item: tensor::LOGITS.into(),
-        bytes: logits,
-        detail: format!("{b} × {} × 4 B (last position only)", d.vocab),
-    });
-
-    let gpu = p.uses_gpu();
-    if p.has_tensorrt() {
-        // One TensorRT runs a graph: the larger workspace of the two that may.
-        let classic = p
-            .tensorrt
-            .as_ref()
-            .map_or(0, |t| gib_to_bytes(t.workspace_gb));
-        let rtx = p
-            .tensorrt_rtx
-            .as_ref()
-            .map_or(0, |t| gib_to_bytes(t.workspace_gb));
-        rows.push(BudgetRow {
-            item: "TensorRT workspace".into(),
-            bytes: classic.max(rtx),
-            detail: if rtx > classic {
-                "tensorrt_rtx.workspace_gb".into()
-            } else {
-                "tensorrt.workspace_gb".into()
-            },
-        });
-    }
-    let overhead = if gpu {
-        CUDA_RUNTIME_BYTES
-            + if p.has_tensorrt() {
-                TENSORRT_RUNTIME_BYTES
-            } else {
-                0
-            }
-    } else {
-        CPU_RUNTIME_BYTES
-    };
-    rows.push(BudgetRow {
-        item: "runtime overhead".into(),
-        bytes: overhead,
-        detail: if gpu {
-            if p.has_tensorrt() {
-                "CUDA context, cuBLAS/cuDNN (ORT and TensorRT)".into()
-            } else {
-                "CUDA context, cuBLAS/cuDNN".into()
-            }
-        } else {
-            "ONNX Runtime, tokenizer, image buffers".into()
-        },
-    });
-
+    let mut t = Tally::default();
+    t.weights(profile, weights_bytes, &options);
+    let kv = t.kv_cache(profile, dims, &options);
+    t.vision(profile, dims, &options);
+    t.prefill(profile, dims, &options);
+    t.runtime(profile, dims);
+    let Tally { rows, mut notes } = t;
+    let gpu = profile.uses_gpu();
     let total = rows.iter().fold(0u64, |a, r| a.saturating_add(r.bytes));
     let (capacity, capacity_label) = match gpu_memory_bytes {
         Some(c) if gpu => (Some(c), "GPU memory (--gpu-memory)".to_string()),
         Some(c) => (Some(c), "host memory".to_string()),
         None if gpu => (
-            Some(gib_to_bytes(p.gpu_memory_gb)),
+            Some(gib_to_bytes(profile.gpu_memory_gb)),
             "GPU memory (gpu_memory_gb)".to_string(),
         ),
         None => (None, "host memory".to_string()),
     };
-
-    let mut problems = Vec::new();
-    if let Some(c) = capacity {
-        let usable = (c as f64 * (1.0 - MIN_HEADROOM_FRACTION)) as u64;
-        if total > usable {
-            problems.push(Problem::Memory { total, usable });
-        }
-    }
-    let kv_budget = gib_to_bytes(p.kv_cache_gb);
-    if kv > kv_budget {
-        problems.push(Problem::KvBudget {
-            need: kv,
-            budget: kv_budget,
-        });
-    }
-    let arena = match (&p.cuda, p.has(Provider::Cuda)) {
+    let arena = match (&profile.cuda, profile.has(Provider::Cuda)) {
         (Some(c), true) => {
             let ws = rows
                 .iter()
@@ -384,26 +217,11 @@ pub fn budget_with(
         }
         _ => None,
     };
-    if let Some((need, limit)) = arena {
-        if need > limit {
-            problems.push(Problem::Arena { need, limit });
-        }
-    }
-    if seq > d.max_positions {
-        problems.push(Problem::Positions {
-            length: seq,
-            max: d.max_positions,
-        });
-    }
-    if side > d.image_size {
-        problems.push(Problem::ImageSide {
-            side,
-            max: d.image_size,
-        });
-    }
-    if let (Some(c), Some(cuda)) = (capacity, &p.cuda) {
+    let kv_budget = gib_to_bytes(profile.kv_cache_gb);
+    let problems = problems(profile, dims, (total, capacity), (kv, kv_budget), arena);
+    if let (Some(c), Some(cuda)) = (capacity, &profile.cuda) {
         if cuda.arena_extend_strategy == ArenaExtendStrategy::NextPowerOfTwo
-            && p.has(Provider::Cuda)
+            && profile.has(Provider::Cuda)
             && total as f64 > 0.8 * c as f64
         {
             notes.push(
@@ -413,7 +231,6 @@ pub fn budget_with(
             );
         }
     }
-
     Budget {
         rows,
         total,
@@ -430,6 +247,196 @@ pub fn budget_with(
         gpu_memory_bytes,
         options,
     }
+}
+
+/// What a profile's memory goes to, row by row, with the notes the rows leave.
+#[derive(Default)]
+struct Tally {
+    rows: Vec<BudgetRow>,
+    notes: Vec<String>,
+}
+
+impl Tally {
+    fn row(&mut self, item: &str, bytes: u64, detail: String) {
+        self.rows.push(BudgetRow {
+            item: item.into(),
+            bytes,
+            detail,
+        });
+    }
+
+    /// The export's weights, and the prefill stage's second copy.
+    fn weights(&mut self, p: &Profile, weights_bytes: u64, options: &BudgetOptions) {
+        let detail = format!("{} graphs of the export", p.precision.name());
+        self.row("weights", weights_bytes, detail);
+        if options.stage_weights_bytes > 0 {
+            self.row(
+                "prefill stage weights",
+                options.stage_weights_bytes,
+                "GQA decoder and embeddings loaded again for the prefill stage \
+                 (--prefill-stage on)"
+                    .into(),
+            );
+        }
+    }
+
+    /// The KV cache (and a Concat decoder's step copy of it); returns the cache's bytes.
+    fn kv_cache(&mut self, p: &Profile, d: &ModelDims, options: &BudgetOptions) -> u64 {
+        let (b, seq) = (p.max_batch_size as u64, p.max_sequence_length as u64);
+        let kv_eb = options
+            .kv_element_bytes
+            .unwrap_or(activation_bytes(p.precision));
+        let per_token = d.kv_bytes_per_token(kv_eb);
+        let kv = mul(&[b, seq, per_token]);
+        let detail = format!(
+            "{b} × {seq} tokens × {} ({} layers × 2 × {} kv heads × {} × {kv_eb} B)",
+            kib_str(per_token),
+            d.text_layers,
+            d.text_kv_heads,
+            d.text_head_dim
+        );
+        self.row("KV cache", kv, detail);
+        if options.kv_step_copy {
+            let detail =
+                "present.* of a step next to past_key_values.* (Concat-based decoder)".into();
+            self.row("KV step copy", kv, detail);
+        }
+        kv
+    }
+
+    /// One image through the vision encoder; fused attention has no patches² score tensor.
+    fn vision(&mut self, p: &Profile, d: &ModelDims, options: &BudgetOptions) {
+        let (eb, side) = (activation_bytes(p.precision), p.max_image_side as u64);
+        let patches = d.patches(side, side);
+        let scores = mul(&[d.vision_heads, patches, patches, 4]);
+        let vision_act = mul(&[
+            patches,
+            HIDDEN_COPIES * d.vision_hidden + MLP_COPIES * d.vision_intermediate,
+            eb,
+        ])
+        .saturating_add(mul(&[3, side, side, eb]));
+        if options.vision_attention_fused {
+            let detail = format!("one {side}×{side} image, {patches} patches, fused attention");
+            self.row("vision activations", vision_act, detail);
+            self.notes.push(format!(
+                "unfused, the vision attention at {side}×{side} would need {} per layer for one \
+                 float32 score tensor ({} heads × {patches}² × 4 B), twice that with the softmax \
+                 next to it; the vision row assumes a fused kernel",
+                gib_str(scores),
+                d.vision_heads
+            ));
+        } else {
+            let unfused = mul(&[scores, SCORE_BYTES / 4]);
+            let detail = format!(
+                "one {side}×{side} image, {patches} patches, UNFUSED attention: scores {} per layer",
+                gib_str(unfused)
+            );
+            self.row(
+                "vision activations",
+                vision_act.saturating_add(unfused),
+                detail,
+            );
+        }
+    }
+
+    /// The decoder's prefill of the longest prompt, standard attention as exported.
+    fn prefill(&mut self, p: &Profile, d: &ModelDims, options: &BudgetOptions) {
+        let (eb, side) = (activation_bytes(p.precision), p.max_image_side as u64);
+        let s = (d.image_tokens(side, side) + PROMPT_TOKENS).min(p.max_sequence_length as u64);
+        let per_seq = mul(&[
+            s,
+            HIDDEN_COPIES * d.text_hidden
+                + 3 * d.text_heads * d.text_head_dim
+                + MLP_COPIES * d.text_intermediate,
+            eb,
+        ])
+        .saturating_add(mul(&[d.text_heads, s, s, SCORE_BYTES]))
+        .saturating_add(mul(&[s, s]));
+        let k = options.prefill_batch.max(1);
+        let detail = format!(
+            "{k} × {s}-token prompt, unfused attention scores {} per layer",
+            mib_str(mul(&[d.text_heads, s, s, SCORE_BYTES]))
+        );
+        self.row("decoder prefill", mul(&[k, per_seq]), detail);
+        if options.prefill_batch <= 1 {
+            self.notes.push(
+                "prefill is counted for one request at a time (joined to the decode batch when \
+                 done); prefilling k requests together multiplies that row by k"
+                    .into(),
+            );
+        }
+    }
+
+    /// The last position's logits, TensorRT's workspace and the runtime's own memory.
+    fn runtime(&mut self, p: &Profile, d: &ModelDims) {
+        let b = p.max_batch_size as u64;
+        let detail = format!("{b} × {} × 4 B (last position only)", d.vocab);
+        self.row(tensor::LOGITS, mul(&[b, d.vocab, 4]), detail);
+        let trt = p.has_tensorrt();
+        if trt {
+            // One TensorRT runs a graph: the larger workspace of the two that may.
+            let ws = |g: Option<f64>| g.map_or(0, gib_to_bytes);
+            let classic = ws(p.tensorrt.as_ref().map(|t| t.workspace_gb));
+            let rtx = ws(p.tensorrt_rtx.as_ref().map(|t| t.workspace_gb));
+            let detail = match rtx > classic {
+                true => "tensorrt_rtx.workspace_gb",
+                false => "tensorrt.workspace_gb",
+            };
+            self.row("TensorRT workspace", classic.max(rtx), detail.into());
+        }
+        let (bytes, detail) = match (p.uses_gpu(), trt) {
+            (true, true) => (
+                CUDA_RUNTIME_BYTES + TENSORRT_RUNTIME_BYTES,
+                "CUDA context, cuBLAS/cuDNN (ORT and TensorRT)",
+            ),
+            (true, false) => (CUDA_RUNTIME_BYTES, "CUDA context, cuBLAS/cuDNN"),
+            (false, _) => (CPU_RUNTIME_BYTES, "ONNX Runtime, tokenizer, image buffers"),
+        };
+        self.row("runtime overhead", bytes, detail.into());
+    }
+}
+
+/// What the profile cannot hold: its total past the capacity's headroom, the KV cache past
+/// `kv_cache_gb`, the CUDA arena past its limit, lengths past the model's.
+fn problems(
+    p: &Profile,
+    d: &ModelDims,
+    (total, capacity): (u64, Option<u64>),
+    (kv, kv_budget): (u64, u64),
+    arena: Option<(u64, u64)>,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(c) = capacity {
+        let usable = (c as f64 * (1.0 - MIN_HEADROOM_FRACTION)) as u64;
+        if total > usable {
+            problems.push(Problem::Memory { total, usable });
+        }
+    }
+    if kv > kv_budget {
+        problems.push(Problem::KvBudget {
+            need: kv,
+            budget: kv_budget,
+        });
+    }
+    if let Some((need, limit)) = arena {
+        if need > limit {
+            problems.push(Problem::Arena { need, limit });
+        }
+    }
+    let (seq, side) = (p.max_sequence_length as u64, p.max_image_side as u64);
+    if seq > d.max_positions {
+        problems.push(Problem::Positions {
+            length: seq,
+            max: d.max_positions,
+        });
+    }
+    if side > d.image_size {
+        problems.push(Problem::ImageSide {
+            side,
+            max: d.image_size,
+        });
+    }
+    problems
 }
 
 /// Bytes of an export's graphs of one precision: each graph's external data
