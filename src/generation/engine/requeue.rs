@@ -34,8 +34,14 @@ impl<B: Backend> Engine<B> {
         e: &BackendError,
     ) -> Option<Queued> {
         let paged = self.backend.kv_capacity().block_size().is_some();
+        if !paged || !is_transient(e) {
+            return Some(q);
+        }
+        // Counted only for pages that were requeued (a collision is rare), and forgotten once
+        // the page fails for good.
         let times = self.requeues.entry(q.index).or_insert(0);
-        if !paged || !is_transient(e) || *times >= MAX_REQUEUES {
+        if *times >= MAX_REQUEUES {
+            self.requeues.remove(&q.index);
             return Some(q);
         }
         *times += 1;

@@ -47,16 +47,7 @@ pub async fn ocr(
     mp: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let accepted = Instant::now();
-    let json_out = match q.format.as_deref() {
-        None | Some("markdown") | Some("md") => false,
-        Some("json") => true,
-        Some(other) => {
-            return Err(ApiError::bad(
-                "format",
-                format!("format must be markdown or json, got {other:?}"),
-            ))
-        }
-    };
+    let json_out = json_format(q.format.as_deref())?;
     let form = read_form(&st, mp).await?;
     let policy = form.outcome.policy(q.stream)?;
     let (name, bytes) = form.file()?;
@@ -106,6 +97,19 @@ pub async fn ocr(
         None => None,
     };
     Ok(ocr_pages::respond(&st, &results, json_out, figures))
+}
+
+/// `?format=`: `markdown` (the default, also `md`) or `json`; anything else is a 400 naming
+/// `format`. Whether the answer is JSON.
+pub(super) fn json_format(format: Option<&str>) -> Result<bool, ApiError> {
+    match format {
+        None | Some("markdown") | Some("md") => Ok(false),
+        Some("json") => Ok(true),
+        Some(other) => Err(ApiError::bad(
+            "format",
+            format!("format must be markdown or json, got {other:?}"),
+        )),
+    }
 }
 
 /// The fields of an OCR upload form (`/v1/ocr`, `/v1/ocr/jobs`), read and checked one by one.

@@ -12,7 +12,7 @@
 //! job's status), the others go on. The server keeps `--max-jobs` jobs, running or finished
 //! (429 past that), a finished one for `--job-ttl`; jobs live in memory, not across restarts.
 
-use super::ocr_form::{page_params, prepare_page, queue_page, read_form, Upload};
+use super::ocr_form::{json_format, page_params, prepare_page, queue_page, read_form, Upload};
 use super::ocr_pages::{self, PageJob, PageResult};
 use super::*;
 use crate::documents::pdf::sandbox::OpenPdf;
@@ -254,16 +254,7 @@ pub async fn job_result(
     Path(id): Path<String>,
     Query(q): Query<ResultQuery>,
 ) -> Result<Response, ApiError> {
-    let json_out = match q.format.as_deref() {
-        None | Some("markdown") | Some("md") => false,
-        Some("json") => true,
-        Some(other) => {
-            return Err(ApiError::bad(
-                "format",
-                format!("format must be markdown or json, got {other:?}"),
-            ))
-        }
-    };
+    let json_out = json_format(q.format.as_deref())?;
     let job = st.jobs.get(&id)?;
     let s = lock(&job.state);
     if s.cancelled || s.ended.is_none() {
