@@ -45,12 +45,11 @@ pub fn run(a: BuildEnginesArgs) -> anyhow::Result<ExitCode> {
     let dir = &a.model;
     let mut m = Manifest::load(dir).with_context(|| format!("--model {}", dir.display()))?;
     let spec = engines::BuildSpec::new(&m, &profile)
-        .map_err(anyhow::Error::msg)
         .with_context(|| format!("{} for profile {}", dir.display(), profile.name))?;
     if a.check {
         return check(&m, &spec, dir);
     }
-    let (python, version) = build::python().map_err(anyhow::Error::msg)?;
+    let (python, version) = build::python()?;
     let current = engines::check(m.engines.get(&profile.name), &spec, Some(&version), dir);
     if current.is_ok() && !a.force {
         println!(
@@ -65,7 +64,7 @@ pub fn run(a: BuildEnginesArgs) -> anyhow::Result<ExitCode> {
         eprintln!("building: {why}");
     }
     let t = Instant::now();
-    let set = build::build(&python, dir, &spec).map_err(anyhow::Error::msg)?;
+    let set = build::build(&python, dir, &spec)?;
     let bytes: u64 = set.graphs.values().map(|g| g.engine_bytes).sum();
     println!(
         "{}: built {} TensorRT-RTX {} engines for profile {} ({}) in {:.1} s, {:.1} MiB, in {}",
@@ -99,7 +98,7 @@ fn check(
     dir: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let set = m.engines.get(&spec.profile);
-    engines::check(set, spec, None, dir).map_err(anyhow::Error::msg)?;
+    engines::check(set, spec, None, dir)?;
     let set = set.expect("check passed");
     let root = dir.join(&set.dir);
     let recorded: Vec<_> = set
@@ -113,7 +112,7 @@ fn check(
         .collect();
     ocrctl_exporters::verify::verify(&root, &recorded, |_| true)?;
     for g in set.graphs.values() {
-        engines::check_context_model(&root.join(&g.context_model)).map_err(anyhow::Error::msg)?;
+        engines::check_context_model(&root.join(&g.context_model))?;
     }
     println!(
         "{}: {} TensorRT-RTX {} engines for profile {} match the export and profile; engines intact, EPContext models valid",

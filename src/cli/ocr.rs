@@ -178,7 +178,7 @@ fn engine_options(
     if devices.is_empty() {
         return Ok(vec![("the default device".into(), opts.clone())]);
     }
-    ocrctl::runtime::devices::check(devices).map_err(anyhow::Error::msg)?;
+    ocrctl::runtime::devices::check(devices)?;
     let cpus = devices.iter().filter(|d| **d == Device::Cpu).count();
     let labels = ocrctl::runtime::devices::labels(devices);
     devices
@@ -187,7 +187,7 @@ fn engine_options(
         .map(|(d, l)| {
             ocrctl::runtime::devices::options_for(opts, *d, cpus)
                 .map(|o| (l, o))
-                .map_err(anyhow::Error::msg)
+                .map_err(anyhow::Error::from)
         })
         .collect()
 }

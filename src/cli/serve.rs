@@ -288,13 +288,12 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     } else {
         a.devices.clone()
     };
-    devices::check(&devices).map_err(anyhow::Error::msg)?;
+    devices::check(&devices)?;
     let cpu_engines = devices.iter().filter(|d| **d == Device::Cpu).count();
     let engine_opts = devices
         .iter()
         .map(|d| devices::options_for(&opts, *d, cpu_engines))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(anyhow::Error::msg)?;
+        .collect::<Result<Vec<_>, _>>()?;
     let labels = devices::labels(&devices);
     let shared = Arc::new(worker::Shared::with_engines(
         a.queue_size.unwrap_or(profile.queue_size as usize),

@@ -15,6 +15,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// A library the dynamic loader could not load; says what the loader said.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LibraryError(libloading::Error);
+
 /// The CUDA libraries, in load order (cuBLAS needs cuBLASLt first), and whether each is
 /// required by the provider (the others are loaded when present, as ONNX Runtime does).
 pub const CUDA_LIBS: [(&str, bool); 6] = [
@@ -130,7 +135,7 @@ pub fn preload(ort_lib: &Path) -> &'static Preload {
         for p in found {
             match open_global(&p) {
                 Ok(()) => out.loaded.push(p),
-                Err(e) => out.failed.push((p, e)),
+                Err(e) => out.failed.push((p, e.to_string())),
             }
         }
         out
@@ -139,22 +144,21 @@ pub fn preload(ort_lib: &Path) -> &'static Preload {
 
 /// `dlopen(path, RTLD_NOW | RTLD_GLOBAL)`, kept loaded for the life of the process (the
 /// provider library links against it by soname).
-pub(crate) fn open_global(path: &Path) -> Result<(), String> {
+pub(crate) fn open_global(path: &Path) -> Result<(), LibraryError> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     // SAFETY: these are NVIDIA's runtime libraries; their initialisers only set up state.
-    let lib =
-        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| e.to_string())?;
+    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(LibraryError)?;
     std::mem::forget(lib);
     Ok(())
 }
 
 /// Whether the NVIDIA driver's `libcuda.so.1` can be loaded (the loader's message if not).
-pub fn driver() -> Result<(), String> {
+pub fn driver() -> Result<(), LibraryError> {
     use libloading::os::unix::{Library, RTLD_LAZY, RTLD_LOCAL};
     // SAFETY: loading the driver library only registers it; nothing is called.
     unsafe { Library::open(Some("libcuda.so.1"), RTLD_LAZY | RTLD_LOCAL) }
         .map(drop)
-        .map_err(|e| e.to_string())
+        .map_err(LibraryError)
 }
 
 /// What to do about a provider start failure whose message shows a missing library.

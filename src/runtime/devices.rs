@@ -13,6 +13,22 @@ use crate::runtime::ortmodel::LoadOptions;
 use crate::runtime::providers::Provider;
 use std::str::FromStr;
 
+/// Why a `--devices` list, or the options of one of its engines, cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DevicesError {
+    #[error("--devices: give at least one device")]
+    Empty,
+    /// A GPU listed twice (its label).
+    #[error("--devices: {0} is listed twice (one engine per GPU)")]
+    Twice(String),
+    /// A GPU device (its index) with CPU-only providers (their names, comma-separated).
+    #[error(
+        "--devices {0}: GPU {0} needs a GPU provider, but the providers are {1} \
+         (use --providers cuda or a GPU profile, or `cpu` devices)"
+    )]
+    NoGpuProvider(u32, String),
+}
+
 /// One device of `--devices`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -57,17 +73,15 @@ pub fn labels(devices: &[Device]) -> Vec<String> {
 }
 
 /// Checks a `--devices` list: not empty, no GPU twice.
-pub fn check(devices: &[Device]) -> Result<(), String> {
+pub fn check(devices: &[Device]) -> Result<(), DevicesError> {
     if devices.is_empty() {
-        return Err("--devices: give at least one device".into());
+        return Err(DevicesError::Empty);
     }
     for (i, d) in devices.iter().enumerate() {
         if let Device::Gpu(_) = d {
             if devices[..i].contains(d) {
-                return Err(format!(
-                    "--devices: {} is listed twice (one engine per GPU)",
-                    labels(&devices[i..=i])[0]
-                ));
+                let label = labels(&devices[i..=i]).swap_remove(0);
+                return Err(DevicesError::Twice(label));
             }
         }
     }
@@ -82,21 +96,13 @@ pub fn options_for(
     base: &LoadOptions,
     device: Device,
     cpu_engines: usize,
-) -> Result<LoadOptions, String> {
+) -> Result<LoadOptions, DevicesError> {
     let mut o = base.clone();
     match device {
         Device::Gpu(i) => {
             if !o.providers.order.iter().any(|p| p.is_gpu()) {
-                return Err(format!(
-                    "--devices {i}: GPU {i} needs a GPU provider, but the providers are {} \
-                     (use --providers cuda or a GPU profile, or `cpu` devices)",
-                    o.providers
-                        .order
-                        .iter()
-                        .map(|p| p.name())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ));
+                let names: Vec<&str> = o.providers.order.iter().map(|p| p.name()).collect();
+                return Err(DevicesError::NoGpuProvider(i, names.join(",")));
             }
             o.providers.device_id = i as i32;
         }
@@ -142,8 +148,24 @@ mod tests {
     fn lists_are_checked() {
         assert!(check(&[]).is_err());
         assert!(check(&[Device::Cpu, Device::Cpu]).is_ok());
-        let e = check(&[Device::Gpu(0), Device::Gpu(1), Device::Gpu(0)]).unwrap_err();
+        let e = check(&[Device::Gpu(0), Device::Gpu(1), Device::Gpu(0)])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gpu:0 is listed twice"), "{e}");
+    }
+
+    /// The messages are those the functions wrote before they had an error type.
+    #[test]
+    fn errors_say_what_they_said() {
+        assert_eq!(
+            DevicesError::NoGpuProvider(1, "cpu".into()).to_string(),
+            "--devices 1: GPU 1 needs a GPU provider, but the providers are cpu (use --providers \
+             cuda or a GPU profile, or `cpu` devices)"
+        );
+        assert_eq!(
+            DevicesError::Empty.to_string(),
+            "--devices: give at least one device"
+        );
     }
 
     #[test]
@@ -151,6 +173,7 @@ mod tests {
         let mut base = LoadOptions::new(Precision::Fp32);
         assert!(options_for(&base, Device::Gpu(0), 0)
             .unwrap_err()
+            .to_string()
             .contains("needs a GPU provider"));
         base.providers.order = vec![Provider::Cuda, Provider::Cpu];
         let g = options_for(&base, Device::Gpu(2), 0).unwrap();

@@ -208,6 +208,7 @@ pub fn usable(cfg: &ProviderConfig) -> Result<(Vec<Provider>, Vec<String>), Prov
         let reason = if *p == Provider::TensorRtRtx {
             crate::runtime::trtrtx::plugin_library()
                 .err()
+                .map(|e| e.to_string())
                 .unwrap_or_default()
         } else {
             "not compiled into this ONNX Runtime (the `onnxruntime` CPU wheel has only the CPU provider; install `onnxruntime-gpu`)".to_string()

@@ -3,7 +3,25 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+
+/// OpenAI's error body, `{"error": {...}}` (fields in alphabetical order, as the body was
+/// written when built as a `serde_json` map).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The object under `error`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ErrorDetail {
+    pub code: &'static str,
+    pub message: String,
+    /// The request field at fault; `null` when none is.
+    pub param: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
 
 /// An error answered to a client. `param` names the request field at fault when there is one.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -121,13 +139,20 @@ impl ApiError {
     }
 
     /// The JSON body `{"error": {...}}` (also sent as an SSE event inside streams).
-    pub fn body(&self) -> serde_json::Value {
+    pub fn body(&self) -> ErrorBody {
         let (kind, code) = self.kind();
         let param = match self {
             ApiError::BadRequest { param, .. } => param.clone(),
             _ => None,
         };
-        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+        ErrorBody {
+            error: ErrorDetail {
+                code,
+                message: self.to_string(),
+                param,
+                kind,
+            },
+        }
     }
 }
 
@@ -160,12 +185,26 @@ mod tests {
     fn body_has_openai_shape_and_status_matches() {
         let e = ApiError::bad("n", "n must be 1");
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
-        let b = e.body();
+        let b = serde_json::to_value(e.body()).unwrap();
         assert_eq!(b["error"]["param"], "n");
         assert_eq!(b["error"]["type"], "invalid_request_error");
         assert_eq!(b["error"]["message"], "n must be 1");
         let r = ApiError::QueueFull { queued: 3 }.into_response();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    /// The bytes the body had when it was built as a `serde_json` map.
+    #[test]
+    fn bodies_keep_their_bytes() {
+        let json = |e: ApiError| serde_json::to_string(&e.body()).unwrap();
+        assert_eq!(
+            json(ApiError::bad("n", "n \"must\" be 1")),
+            r#"{"error":{"code":"invalid_value","message":"n \"must\" be 1","param":"n","type":"invalid_request_error"}}"#
+        );
+        assert_eq!(
+            json(ApiError::Engine("boom".into())),
+            r#"{"error":{"code":"engine_error","message":"generation failed: boom","param":null,"type":"server_error"}}"#
+        );
     }
 }

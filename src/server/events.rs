@@ -3,19 +3,19 @@
 //! first ([`super::AppState::cut`]).
 
 use super::error::ApiError;
-use super::openai;
+use super::openai::{ChunkHead, Delta, Logprobs, Usage};
 use super::outbox::EventRx;
-use super::worker::JobEvent;
+use super::worker::{JobEvent, TokenLogprobs};
 use axum::response::sse::{Event as SseEvent, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::convert::Infallible;
 use tokio::sync::watch;
 
 /// A finished job's output.
 pub(super) struct Collected {
     pub(super) text: String,
-    pub(super) logprobs: Vec<Value>,
+    pub(super) logprobs: Vec<TokenLogprobs>,
     pub(super) finish_reason: &'static str,
     pub(super) stop_reason: Option<String>,
     pub(super) completion_tokens: usize,
@@ -75,8 +75,15 @@ pub(super) async fn collect(
     ))
 }
 
-fn data(v: &Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
+/// An SSE event of `v` as JSON.
+fn data<T: Serialize>(v: &T) -> SseEvent {
+    let text = serde_json::to_string(v).expect("wire structs serialise");
+    SseEvent::default().data(text)
+}
+
+/// The events that end a stream with `e`.
+fn failure(e: &ApiError) -> Vec<Result<SseEvent, Infallible>> {
+    vec![Ok(data(&e.body())), Ok(SseEvent::default().data("[DONE]"))]
 }
 
 /// The SSE stream of a chat completion: a role chunk, content deltas, a finish chunk with
@@ -85,38 +92,19 @@ fn data(v: &Value) -> SseEvent {
 pub(super) fn sse(
     rx: EventRx,
     cut: watch::Receiver<bool>,
-    id: String,
-    created: u64,
-    model: String,
+    head: ChunkHead,
     prompt_tokens: usize,
     want_logprobs: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let first = openai::chunk(
-        &id,
-        created,
-        &model,
-        json!({"role": "assistant", "content": ""}),
-        None,
-        None,
-        None,
-    );
-    let head = stream::iter(vec![Ok(data(&first))]);
+    let first = stream::iter(vec![Ok(data(&head.chunk(Delta::role(), None)))]);
     let body = stream::unfold(Some((rx, cut)), move |state| {
-        let (id, model) = (id.clone(), model.clone());
+        let head = head.clone();
         async move {
             let (mut rx, mut cut) = state?;
             let events = match next_event(&mut rx, &mut cut).await {
                 Some(JobEvent::Delta { text, logprobs }) => {
-                    let lp = want_logprobs.then_some(logprobs);
-                    let c = openai::chunk(
-                        &id,
-                        created,
-                        &model,
-                        json!({"content": text}),
-                        lp,
-                        None,
-                        None,
-                    );
+                    let lp = want_logprobs.then(|| Logprobs::of(&logprobs));
+                    let c = head.chunk(Delta::content(&text), lp);
                     return Some((vec![Ok(data(&c))], Some((rx, cut))));
                 }
                 Some(JobEvent::Done {
@@ -124,29 +112,17 @@ pub(super) fn sse(
                     completion_tokens,
                     ..
                 }) => {
-                    let c = openai::chunk(
-                        &id,
-                        created,
-                        &model,
-                        json!({}),
-                        None,
-                        Some(finish_reason),
-                        Some(openai::usage(prompt_tokens, completion_tokens)),
-                    );
+                    let c = head.last(finish_reason, Usage::new(prompt_tokens, completion_tokens));
                     vec![Ok(data(&c)), Ok(SseEvent::default().data("[DONE]"))]
                 }
-                Some(JobEvent::Failed(e)) => {
-                    vec![Ok(data(&e.body())), Ok(SseEvent::default().data("[DONE]"))]
-                }
-                None => {
-                    let e =
-                        ApiError::Engine("the engine stopped before the request finished".into());
-                    vec![Ok(data(&e.body())), Ok(SseEvent::default().data("[DONE]"))]
-                }
+                Some(JobEvent::Failed(e)) => failure(&e),
+                None => failure(&ApiError::Engine(
+                    "the engine stopped before the request finished".into(),
+                )),
             };
             Some((events, None))
         }
     })
     .flat_map(stream::iter);
-    Sse::new(head.chain(body))
+    Sse::new(first.chain(body))
 }

@@ -1,4 +1,4 @@
-//! OpenAI wire types: parsing `/v1/chat/completions` requests ([`request`]) and building
+//! OpenAI wire types: parsing `/v1/chat/completions` requests ([`request`]) and the typed
 //! responses and stream chunks ([`response`]), in the shape the `openai` clients (and vLLM)
 //! use.
 //!
@@ -18,4 +18,7 @@ pub use request::{
     ImageUrl, Message, Part, Seed, Stop, MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_STOP_BYTES,
     MAX_STOP_STRINGS, MAX_TOP_LOGPROBS,
 };
-pub use response::{chunk, completion, logprob_entry, usage};
+pub use response::{
+    ChatCompletion, ChatCompletionChunk, ChatMessage, Choice, ChunkChoice, ChunkHead, Delta,
+    Logprobs, ModelCard, ModelList, TokenLogprob, TopLogprob, Usage,
+};

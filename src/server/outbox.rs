@@ -7,8 +7,7 @@
 //! past [`MAX_UNREAD_BYTES`] the job fails (its handler hears why) and the engine cancels it.
 
 use super::error::ApiError;
-use super::worker::JobEvent;
-use serde_json::Value;
+use super::worker::{Candidate, JobEvent, TokenLogprobs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -51,25 +50,26 @@ pub fn channel(cap: usize) -> (EventTx, EventRx) {
 fn size(ev: &JobEvent) -> usize {
     match ev {
         JobEvent::Delta { text, logprobs } => {
-            text.len() + logprobs.iter().map(json_size).sum::<usize>()
+            text.len() + logprobs.iter().map(logprobs_size).sum::<usize>()
         }
         _ => 0,
     }
 }
 
-/// About the length of `v` as JSON text, without writing it.
-fn json_size(v: &Value) -> usize {
-    match v {
-        Value::String(s) => s.len() + 2,
-        Value::Array(a) => 2 + a.iter().map(|x| json_size(x) + 1).sum::<usize>(),
-        Value::Object(o) => {
-            2 + o
-                .iter()
-                .map(|(k, x)| k.len() + 4 + json_size(x))
-                .sum::<usize>()
-        }
-        _ => 8,
-    }
+/// About the length of `t`'s `logprobs.content` entry as JSON, without writing it: 8 bytes a
+/// number, 4 a key's quotes and colon, 1 a comma.
+fn logprobs_size(t: &TokenLogprobs) -> usize {
+    let top: usize = t.top.iter().map(|c| candidate_size(c) + 1).sum();
+    candidate_size(&t.chosen) + "top_logprobs".len() + 4 + 2 + top
+}
+
+/// About the length of `{"token": …, "logprob": …, "bytes": […]}` for `c`.
+fn candidate_size(c: &Candidate) -> usize {
+    let n = c.token.len();
+    let token = "token".len() + 4 + n + 2;
+    let logprob = "logprob".len() + 4 + 8;
+    let bytes = "bytes".len() + 4 + 2 + n * (8 + 1);
+    2 + token + logprob + bytes
 }
 
 impl EventTx {
@@ -141,9 +141,17 @@ mod tests {
 
     #[test]
     fn json_sizes_are_close_to_the_text() {
-        let v = serde_json::json!({"token": "ab", "logprob": -0.5, "bytes": [97, 98]});
-        let text = v.to_string().len();
-        let est = json_size(&v);
+        let t = TokenLogprobs {
+            chosen: Candidate {
+                id: 1,
+                token: "ab".into(),
+                logprob: -0.5,
+            },
+            top: vec![],
+        };
+        let entry = crate::server::openai::TokenLogprob::from(&t);
+        let text = serde_json::to_string(&entry).unwrap().len();
+        let est = logprobs_size(&t);
         assert!(est >= text && est <= 2 * text, "{est} vs {text}");
     }
 }

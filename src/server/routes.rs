@@ -19,8 +19,8 @@ use axum::extract::{Extension, Multipart, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bodies::{EngineHealth, Health};
 use futures_util::stream::{self, StreamExt};
-use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,16 +42,14 @@ pub(crate) fn body_error(status: StatusCode, st: &AppState, detail: String) -> A
 /// down), 503 before (or when every engine failed). The body lists each engine's device and
 /// state, so a degraded multi-device server says which engines are not serving.
 pub async fn health(State(st): St) -> Response {
-    let engines: Vec<Value> = st
+    let engines: Vec<EngineHealth> = st
         .shared
         .engines
         .iter()
-        .map(|e| {
-            let mut v = json!({"device": e.label, "status": state_name(e.state())});
-            if let Some(why) = e.error() {
-                v["error"] = json!(why);
-            }
-            v
+        .map(|e| EngineHealth {
+            device: e.label.clone(),
+            error: e.error(),
+            status: state_name(e.state()),
         })
         .collect();
     let (status, name) = match (st.shared.state(), st.stopping.load(Ordering::Relaxed)) {
@@ -59,10 +57,11 @@ pub async fn health(State(st): St) -> Response {
         (ModelState::Ready, true) => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         (s, _) => (StatusCode::SERVICE_UNAVAILABLE, state_name(s)),
     };
-    let mut body = json!({"status": name, "engines": engines});
-    if name == "failed" {
-        body["error"] = json!(st.shared.failures());
-    }
+    let body = Health {
+        engines,
+        error: (name == "failed").then(|| st.shared.failures()),
+        status: name,
+    };
     (status, Json(body)).into_response()
 }
 
@@ -116,17 +115,13 @@ pub async fn metrics(State(st): St) -> Response {
 }
 
 /// `GET /v1/models`.
-pub async fn models(State(st): St) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.cfg.model_name,
-            "object": "model",
-            "created": st.cfg.created,
-            "owned_by": "ocrctl",
-            "max_model_len": st.cfg.max_sequence_length,
-        }]
-    }))
+pub async fn models(State(st): St) -> Response {
+    let list = openai::ModelList::one(
+        &st.cfg.model_name,
+        st.cfg.created,
+        st.cfg.max_sequence_length,
+    );
+    Json(list).into_response()
 }
 
 /// A known route asked with another method: 405 in OpenAI's error shape.
@@ -399,33 +394,27 @@ pub async fn chat(
     st.shared.submit(job)?;
     let created = now_secs();
     if p.stream {
-        return Ok(sse(
-            rx,
-            st.cut.subscribe(),
+        let head = openai::ChunkHead {
             id,
             created,
-            st.cfg.model_name.clone(),
-            prompt_tokens,
-            p.logprobs,
-        )
-        .into_response());
+            model: st.cfg.model_name.clone(),
+        };
+        let s = sse(rx, st.cut.subscribe(), head, prompt_tokens, p.logprobs);
+        return Ok(s.into_response());
     }
     let c = collect(rx, st.cut.subscribe()).await?;
     drop(client);
-    let usage = openai::usage(prompt_tokens, c.completion_tokens);
-    Ok(Json(openai::completion(
-        &id,
-        created,
-        &st.cfg.model_name,
-        &c.text,
-        c.finish_reason,
-        c.stop_reason.as_deref(),
-        p.logprobs.then_some(c.logprobs),
-        usage,
+    let logprobs = p.logprobs.then(|| openai::Logprobs::of(&c.logprobs));
+    let choice = openai::Choice::new(c.text, c.finish_reason, c.stop_reason, logprobs);
+    let usage = openai::Usage::new(prompt_tokens, c.completion_tokens);
+    let model = st.cfg.model_name.clone();
+    Ok(Json(openai::ChatCompletion::new(
+        id, created, model, choice, usage,
     ))
     .into_response())
 }
 
+mod bodies;
 mod ocr_figures;
 mod ocr_form;
 mod ocr_jobs;

@@ -13,10 +13,9 @@ use super::queue::EngineSlot;
 pub use super::queue::{ModelState, Shared};
 use super::stops::StopMatcher;
 use crate::generation::engine::{Batch, Engine, EngineError, Event, Flow, GenRequest};
-use crate::generation::generate::FinishReason;
+use crate::generation::generate::{FinishReason, TokenLogprob};
 use crate::model::prompt::{Prompter, StreamDecoder};
 use crate::runtime::backend::Backend;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -37,12 +36,55 @@ pub struct Job {
     pub events: EventTx,
 }
 
+/// A token as text, with its log-probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    /// The token alone, detokenised.
+    pub token: String,
+    /// NaN when the engine gave none (it is then reported as `null`).
+    pub logprob: f32,
+}
+
+/// A generated token and the likeliest alternatives at its step: what the handlers report
+/// as a `logprobs.content` entry ([`super::openai::TokenLogprob`]). Detokenised here, where
+/// the prompter lives, so that a handler needs no tokenizer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub chosen: Candidate,
+    pub top: Vec<Candidate>,
+}
+
+impl TokenLogprobs {
+    /// Token `id` with `logprob` (if the engine gave one) and the alternatives `top`, their
+    /// texts from `name`.
+    fn of(
+        id: u32,
+        logprob: Option<f32>,
+        top: &[TokenLogprob],
+        name: &dyn Fn(u32) -> String,
+    ) -> Self {
+        let candidate = |id: u32, logprob: f32| Candidate {
+            id,
+            token: name(id),
+            logprob,
+        };
+        TokenLogprobs {
+            chosen: candidate(id, logprob.unwrap_or(f32::NAN)),
+            top: top.iter().map(|t| candidate(t.id, t.logprob)).collect(),
+        }
+    }
+}
+
 /// What a handler hears about its job.
 #[derive(Debug)]
 pub enum JobEvent {
     /// More text (possibly empty while a multi-byte character is incomplete) and the
-    /// OpenAI `logprobs.content` entries of the tokens behind it.
-    Delta { text: String, logprobs: Vec<Value> },
+    /// log-probabilities of the tokens behind it (when the request asked for them).
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprobs>,
+    },
     /// The job finished.
     Done {
         finish_reason: &'static str,
@@ -64,7 +106,7 @@ struct Running {
     stop: StopMatcher,
     stop_hit: Option<String>,
     want_logprobs: bool,
-    pending_logprobs: Vec<Value>,
+    pending_logprobs: Vec<TokenLogprobs>,
     accepted: Instant,
     last_token: Option<Instant>,
     deadline: Instant,
@@ -264,9 +306,8 @@ fn on_event(
                 }
             };
             if r.want_logprobs {
-                let lp = logprob.unwrap_or(f32::NAN);
                 r.pending_logprobs
-                    .push(super::openai::logprob_entry(&name(id), lp, top, name));
+                    .push(TokenLogprobs::of(id, logprob, top, name));
             }
             let stopped = r.push_text(&piece);
             if !r.flush(false) {

@@ -20,6 +20,7 @@ use super::tensors::i64_tensor;
 use crate::runtime::backend::BackendError;
 use crate::runtime::providers::Provider;
 use ocrctl_exporters::graph::{Attr, DType, Dim, Graph};
+use ocrctl_exporters::ExportError;
 use ort::ep;
 use ort::memory::{Allocator, MemoryInfo};
 use ort::session::builder::GraphOptimizationLevel;
@@ -27,6 +28,20 @@ use ort::session::Session;
 use ort::value::{DynTensor, TensorElementType};
 
 const PART: &str = "kv_repack";
+
+/// Why the repack session could not be made (the decoder then repacks through host memory).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RepackError {
+    /// Writing the graph.
+    #[error("{0}")]
+    Graph(ExportError),
+    /// Its temporary folder.
+    #[error("{0}")]
+    TempDir(std::io::Error),
+    /// The session or its allocator.
+    #[error("{0}")]
+    Ort(ort::Error),
+}
 
 /// The repack session and the decoder-side allocator its outputs are made with.
 pub(super) struct Repacker {
@@ -36,8 +51,8 @@ pub(super) struct Repacker {
 }
 
 /// Writes the repack graph for activation type `act` into `dir` as `kv_repack.onnx`.
-fn write_graph(dir: &std::path::Path, act: DType) -> Result<std::path::PathBuf, String> {
-    let mut g = Graph::create(dir, PART).map_err(|e| e.to_string())?;
+fn write_graph(dir: &std::path::Path, act: DType) -> Result<std::path::PathBuf, RepackError> {
+    let mut g = Graph::create(dir, PART).map_err(RepackError::Graph)?;
     let kv = |n: &str| {
         [
             Dim::named(&format!("{n}_b")),
@@ -79,7 +94,7 @@ fn write_graph(dir: &std::path::Path, act: DType) -> Result<std::path::PathBuf, 
         Dim::named("d"),
     ];
     g.output(&y, "y", act, &out);
-    g.finish(&[("", 21)], &[]).map_err(|e| e.to_string())?;
+    g.finish(&[("", 21)], &[]).map_err(RepackError::Graph)?;
     Ok(dir.join(format!("{PART}.onnx")))
 }
 
@@ -93,8 +108,8 @@ impl Repacker {
         act: DType,
         kv: &MemoryInfo<'static>,
         alloc_from: &Session,
-    ) -> Result<Repacker, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    ) -> Result<Repacker, RepackError> {
+        let dir = tempfile::tempdir().map_err(RepackError::TempDir)?;
         let path = write_graph(dir.path(), act)?;
         let build = || -> ort::Result<Session> {
             let mut b = Session::builder(env)?
@@ -111,8 +126,8 @@ impl Repacker {
             }
             b.commit_from_file(&path)
         };
-        let session = build().map_err(|e| e.to_string())?;
-        let alloc = Allocator::new(alloc_from, kv.clone()).map_err(|e| e.to_string())?;
+        let session = build().map_err(RepackError::Ort)?;
+        let alloc = Allocator::new(alloc_from, kv.clone()).map_err(RepackError::Ort)?;
         let elem = super::tensors::element_type(act);
         Ok(Repacker {
             session,

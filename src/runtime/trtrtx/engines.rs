@@ -14,6 +14,95 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
+/// Why a profile has no [`BuildSpec`] for an export.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The profile (its name) has no `tensorrt_rtx` section.
+    #[error("profile {0} has no tensorrt_rtx section (the 16gb and 24gb profiles have one)")]
+    NoSection(String),
+    #[error(
+        "the export is --target ort (contrib ops TensorRT-RTX cannot parse); export \
+         with --target tensorrt for engines"
+    )]
+    OrtTarget,
+    /// The export lacks the profile's precision.
+    #[error(
+        "the export has no {precision} graphs, which profile {profile} runs (export with \
+         --precision {precision})"
+    )]
+    NoPrecision {
+        precision: &'static str,
+        profile: String,
+    },
+    /// The export lacks a graph (its part).
+    #[error("the export has no {0} graph")]
+    NoGraph(&'static str),
+    /// The manifest has no digest of a graph (its file name).
+    #[error(
+        "the manifest records no digest of onnx/{0} (an export older than the \
+         digests; export again)"
+    )]
+    NoDigest(String),
+}
+
+/// Why a recorded engine set does not fit a [`BuildSpec`]: the first thing that differs.
+#[derive(Debug, thiserror::Error)]
+pub enum Mismatch {
+    /// No set for the profile; `model` is the export's folder, for the command to build one.
+    #[error(
+        "no engines were built for profile {profile} (ocrctl build-engines --model {} --profile \
+         {profile})",
+        .model.display()
+    )]
+    NotBuilt { profile: String, model: PathBuf },
+    #[error(
+        "the engines were built with TensorRT-RTX {built} and the plugin bundles {runtime}; \
+         build them again with the same release"
+    )]
+    Release { built: String, runtime: String },
+    /// The profile's values changed (its name).
+    #[error(
+        "profile {0}'s shape ranges, precision, targets or workspace changed since the \
+         engines were built"
+    )]
+    ProfileChanged(String),
+    /// No engine for a graph (its part).
+    #[error("no engine was built for {0}")]
+    NoEngine(String),
+    /// A source graph (its path in the export) changed.
+    #[error("{0} changed since its engine was built")]
+    SourceChanged(String),
+    /// An engine file cannot be read.
+    #[error("{}: {err}", .path.display())]
+    Unreadable { path: PathBuf, err: std::io::Error },
+    /// An engine file's size differs from the recorded one.
+    #[error("{}: {len} bytes, {built} were built", .path.display())]
+    Size { path: PathBuf, len: u64, built: u64 },
+}
+
+/// Why an EPContext model is not what the runner expects.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextModelError {
+    #[error("{}: {err}", .path.display())]
+    Unreadable { path: PathBuf, err: std::io::Error },
+    #[error("{}: not an ONNX model", .0.display())]
+    NotOnnx(PathBuf),
+    #[error("{}: has no node", .0.display())]
+    NoNode(PathBuf),
+    /// A node (its `domain.op_type`) that is not an EPContext node.
+    #[error(
+        "{}: holds a {node} node; an EPContext model holds EPContext nodes only",
+        .path.display()
+    )]
+    OtherNode { path: PathBuf, node: String },
+    /// Initializers (their number).
+    #[error(
+        "{}: holds {count} initializers; the weights belong in the engine",
+        .path.display()
+    )]
+    Weights { path: PathBuf, count: usize },
+}
+
 /// One graph to build.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GraphSpec {
@@ -52,28 +141,19 @@ impl BuildSpec {
     /// The spec of `profile` for the export in `dir` (whose manifest is `m`). Fails when the
     /// profile has no `tensorrt_rtx` section, the export is not `--target tensorrt`, or it
     /// lacks the profile's precision.
-    pub fn new(m: &Manifest, profile: &Profile) -> Result<BuildSpec, String> {
-        let rtx = profile.tensorrt_rtx.as_ref().ok_or_else(|| {
-            format!(
-                "profile {} has no tensorrt_rtx section (the 16gb and 24gb profiles have one)",
-                profile.name
-            )
-        })?;
+    pub fn new(m: &Manifest, profile: &Profile) -> Result<BuildSpec, SpecError> {
+        let rtx = (profile.tensorrt_rtx.as_ref())
+            .ok_or_else(|| SpecError::NoSection(profile.name.clone()))?;
         if m.target != ocrctl_exporters::layers::Target::TensorRt {
-            return Err(
-                "the export is --target ort (contrib ops TensorRT-RTX cannot parse); export \
-                 with --target tensorrt for engines"
-                    .into(),
-            );
+            return Err(SpecError::OrtTarget);
         }
-        let graphs_of = m.graphs.get(&profile.precision).ok_or_else(|| {
-            format!(
-                "the export has no {} graphs, which profile {} runs (export with --precision {})",
-                profile.precision.name(),
-                profile.name,
-                profile.precision.name()
-            )
-        })?;
+        let graphs_of = m
+            .graphs
+            .get(&profile.precision)
+            .ok_or_else(|| SpecError::NoPrecision {
+                precision: profile.precision.name(),
+                profile: profile.name.clone(),
+            })?;
         let shapes = trt_shapes(profile, &ModelDims::from_config(&m.model));
         let mut graphs = Vec::new();
         for (part, r) in [
@@ -81,18 +161,10 @@ impl BuildSpec {
             (graph::EMBED, shapes.embed_tokens),
             (graph::DECODER_MERGED, shapes.decoder),
         ] {
-            let g = graphs_of
-                .get(part)
-                .ok_or_else(|| format!("the export has no {part} graph"))?;
-            let source_digest =
-                m.graph_digest(&g.file, g.data_file.as_deref())
-                    .ok_or_else(|| {
-                        format!(
-                            "the manifest records no digest of onnx/{} (an export older than the \
-                         digests; export again)",
-                            g.file
-                        )
-                    })?;
+            let g = graphs_of.get(part).ok_or(SpecError::NoGraph(part))?;
+            let source_digest = m
+                .graph_digest(&g.file, g.data_file.as_deref())
+                .ok_or_else(|| SpecError::NoDigest(g.file.clone()))?;
             graphs.push(GraphSpec {
                 part: part.to_string(),
                 stem: g.file.trim_end_matches(".onnx").to_string(),
@@ -134,50 +206,36 @@ pub fn check(
     spec: &BuildSpec,
     runtime_version: Option<&str>,
     dir: &Path,
-) -> Result<(), String> {
-    let set = set.ok_or_else(|| {
-        format!(
-            "no engines were built for profile {} (ocrctl build-engines --model {} --profile {})",
-            spec.profile,
-            dir.display(),
-            spec.profile
-        )
+) -> Result<(), Mismatch> {
+    let set = set.ok_or_else(|| Mismatch::NotBuilt {
+        profile: spec.profile.clone(),
+        model: dir.to_path_buf(),
     })?;
     if let Some(v) = runtime_version {
         if !same_release(&set.builder_version, v) {
-            return Err(format!(
-                "the engines were built with TensorRT-RTX {} and the plugin bundles {v}; \
-                 build them again with the same release",
-                set.builder_version
-            ));
+            return Err(Mismatch::Release {
+                built: set.builder_version.clone(),
+                runtime: v.to_string(),
+            });
         }
     }
     if set.profile_digest != spec.profile_digest() || set.precision != spec.precision {
-        return Err(format!(
-            "profile {}'s shape ranges, precision, targets or workspace changed since the \
-             engines were built",
-            spec.profile
-        ));
+        return Err(Mismatch::ProfileChanged(spec.profile.clone()));
     }
     for g in &spec.graphs {
-        let e = set
-            .graphs
-            .get(&g.part)
-            .ok_or_else(|| format!("no engine was built for {}", g.part))?;
+        let e = (set.graphs.get(&g.part)).ok_or_else(|| Mismatch::NoEngine(g.part.clone()))?;
         if e.source_digest != g.source_digest || e.source != g.source {
-            return Err(format!("{} changed since its engine was built", g.source));
+            return Err(Mismatch::SourceChanged(g.source.clone()));
         }
         for (f, bytes) in [(&e.engine, Some(e.engine_bytes)), (&e.context_model, None)] {
-            let p = dir.join(&set.dir).join(f);
-            let len = std::fs::metadata(&p)
-                .map_err(|err| format!("{}: {err}", p.display()))?
-                .len();
+            let path = dir.join(&set.dir).join(f);
+            let len = match std::fs::metadata(&path) {
+                Ok(m) => m.len(),
+                Err(err) => return Err(Mismatch::Unreadable { path, err }),
+            };
             if bytes.is_some_and(|b| b != len) {
-                return Err(format!(
-                    "{}: {len} bytes, {} were built",
-                    p.display(),
-                    e.engine_bytes
-                ));
+                let built = e.engine_bytes;
+                return Err(Mismatch::Size { path, len, built });
             }
         }
     }
@@ -204,30 +262,31 @@ pub fn same_release(a: &str, b: &str) -> bool {
 
 /// Checks that an EPContext model is what the runner expects: nodes that are all
 /// `com.microsoft.EPContext` (at least one) and no weights.
-pub fn check_context_model(path: &Path) -> Result<(), String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn check_context_model(path: &Path) -> Result<(), ContextModelError> {
+    let path_buf = || path.to_path_buf();
+    let bytes = std::fs::read(path).map_err(|err| ContextModelError::Unreadable {
+        path: path_buf(),
+        err,
+    })?;
     let (nodes, inits) = ocrctl_exporters::proto::read::summarize(&bytes)
-        .ok_or_else(|| format!("{}: not an ONNX model", path.display()))?;
+        .ok_or_else(|| ContextModelError::NotOnnx(path_buf()))?;
     if nodes.is_empty() {
-        return Err(format!("{}: has no node", path.display()));
+        return Err(ContextModelError::NoNode(path_buf()));
     }
     if let Some(n) = nodes
         .iter()
         .find(|n| n.domain != "com.microsoft" || n.op_type != "EPContext")
     {
-        return Err(format!(
-            "{}: holds a {}.{} node; an EPContext model holds EPContext nodes only",
-            path.display(),
-            n.domain,
-            n.op_type
-        ));
+        return Err(ContextModelError::OtherNode {
+            path: path_buf(),
+            node: format!("{}.{}", n.domain, n.op_type),
+        });
     }
     if !inits.is_empty() {
-        return Err(format!(
-            "{}: holds {} initializers; the weights belong in the engine",
-            path.display(),
-            inits.len()
-        ));
+        return Err(ContextModelError::Weights {
+            path: path_buf(),
+            count: inits.len(),
+        });
     }
     Ok(())
 }

@@ -22,7 +22,7 @@
 //! the runtime cache folder across starts.
 //!
 //! ```no_run
-//! let lib = ocrctl::runtime::trtrtx::plugin_library().map_err(anyhow::Error::msg)?;
+//! let lib = ocrctl::runtime::trtrtx::plugin_library()?;
 //! println!("TensorRT-RTX plugin: {} (TensorRT-RTX {:?})", lib.display(),
 //!          ocrctl::runtime::trtrtx::bundled_version(&lib));
 //! # Ok::<(), anyhow::Error>(())
@@ -47,6 +47,35 @@ pub const PLUGIN_ENV: &str = "OCRCTL_TRT_RTX_EP";
 /// offer devices the process cannot see (ONNX Runtime ≥ 1.24 passes `allow_virtual_devices`);
 /// for compile-only experiments, not for serving.
 pub const VIRTUAL_ENV: &str = "OCRCTL_TRT_RTX_VIRTUAL";
+
+/// Why the TensorRT-RTX plugin cannot run: its library, its load (the driver), or no device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginError {
+    /// `$OCRCTL_TRT_RTX_EP` names no file.
+    #[error("{env}={}: no such file", .0.display(), env = PLUGIN_ENV)]
+    NoSuchFile(PathBuf),
+    /// Not in any of the folders searched (their number).
+    #[error(
+        "the TensorRT-RTX plugin ({lib}) is not installed (looked in {0} \
+         folders, e.g. .venv/lib/python3*/site-packages/{package}); install it \
+         with scripts/setup.sh --gpu or set {env}",
+        lib = PLUGIN_LIBRARY,
+        package = PLUGIN_PACKAGE,
+        env = PLUGIN_ENV
+    )]
+    NotInstalled(usize),
+    /// The loader's (or ONNX Runtime's) message, and the fix when it is the driver.
+    #[error("the TensorRT-RTX plugin did not load ({message}){hint}")]
+    Load { message: String, hint: &'static str },
+    /// Registered, but offered no device; `drm` says when device discovery cannot work here.
+    #[error(
+        "ONNX Runtime offers no device to {ep}{0}; it runs on GeForce RTX and RTX \
+         workstation GPUs of compute capability 8.6, 8.9 or 12.0+, not on data-centre \
+         GPUs such as the A100, H100 or H200",
+        ep = EP_NAME
+    )]
+    NoDevice(&'static str),
+}
 
 /// TensorRT-RTX provider settings (from a profile's `tensorrt_rtx` section).
 #[derive(Debug, Clone, Default)]
@@ -97,27 +126,20 @@ impl TrtRtxConfig {
 /// The plugin library: `$OCRCTL_TRT_RTX_EP`, else the wheel's folder where ocrctl looks for
 /// wheels (see [`crate::runtime::libsearch::wheel_dirs`]). The error says where it looked and
 /// how to install it.
-pub fn plugin_library() -> Result<PathBuf, String> {
+pub fn plugin_library() -> Result<PathBuf, PluginError> {
     if let Some(p) = std::env::var_os(PLUGIN_ENV) {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok(p)
         } else {
-            Err(format!("{PLUGIN_ENV}={}: no such file", p.display()))
+            Err(PluginError::NoSuchFile(p))
         };
     }
     let dirs = crate::runtime::libsearch::wheel_dirs(PLUGIN_PACKAGE);
     dirs.iter()
         .map(|d| d.join(PLUGIN_LIBRARY))
         .find(|p| p.is_file())
-        .ok_or_else(|| {
-            format!(
-                "the TensorRT-RTX plugin ({PLUGIN_LIBRARY}) is not installed (looked in {} \
-                 folders, e.g. .venv/lib/python3*/site-packages/{PLUGIN_PACKAGE}); install it \
-                 with scripts/setup.sh --gpu or set {PLUGIN_ENV}",
-                dirs.len()
-            )
-        })
+        .ok_or(PluginError::NotInstalled(dirs.len()))
 }
 
 /// The TensorRT-RTX version bundled next to the plugin (`1.7.1` from
@@ -139,8 +161,8 @@ pub fn bundled_version(plugin: &Path) -> Option<String> {
 /// device.
 pub fn devices(
     env: &ort::environment::Environment,
-) -> Result<Vec<ort::device::Device<'_>>, String> {
-    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+) -> Result<Vec<ort::device::Device<'_>>, PluginError> {
+    static REGISTERED: OnceLock<Result<(), PluginError>> = OnceLock::new();
     REGISTERED.get_or_init(|| register(env)).clone()?;
     let found: Vec<_> = env
         .devices()
@@ -153,11 +175,7 @@ pub fn devices(
             " (/sys/class/drm is absent here: ONNX Runtime's device discovery sees no GPU in \
              this container)"
         };
-        return Err(format!(
-            "ONNX Runtime offers no device to {EP_NAME}{drm}; it runs on GeForce RTX and RTX \
-             workstation GPUs of compute capability 8.6, 8.9 or 12.0+, not on data-centre \
-             GPUs such as the A100, H100 or H200"
-        ));
+        return Err(PluginError::NoDevice(drm));
     }
     Ok(found)
 }
@@ -169,7 +187,7 @@ pub fn first_report() -> bool {
     !DONE.swap(true, std::sync::atomic::Ordering::Relaxed)
 }
 
-fn register(env: &ort::environment::Environment) -> Result<(), String> {
+fn register(env: &ort::environment::Environment) -> Result<(), PluginError> {
     let lib = plugin_library()?;
     // The plugin links TensorRT-RTX and the CUDA runtime by soname; its wheel ships them
     // under versioned names only (the Python package makes the links when imported), so the
@@ -193,7 +211,8 @@ fn register(env: &ort::environment::Environment) -> Result<(), String> {
                 .unwrap_or_default();
             files.sort();
             if let Some(f) = files.pop() {
-                crate::runtime::cudalibs::open_global(&f).map_err(|e| load_error(&lib, &e))?;
+                crate::runtime::cudalibs::open_global(&f)
+                    .map_err(|e| load_error(&e.to_string()))?;
             }
         }
     }
@@ -203,20 +222,22 @@ fn register(env: &ort::environment::Environment) -> Result<(), String> {
         "NvTensorRTRTX"
     };
     env.register_ep_library(name, &lib)
-        .map_err(|e| load_error(&lib, &e.to_string()))
+        .map_err(|e| load_error(&e.to_string()))
 }
 
-/// A load failure of the plugin, with the fix when it is the driver.
-fn load_error(lib: &Path, e: &str) -> String {
+/// A load failure of the plugin (ONNX Runtime's message names the library already), with
+/// the fix when it is the driver.
+fn load_error(e: &str) -> PluginError {
     let hint = if e.contains("libcuda.so.1") || e.contains("libnvidia-ml.so.1") {
         ": the plugin needs the NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1), which this \
          machine does not have"
     } else {
         ""
     };
-    // ONNX Runtime's message names the library already.
-    let _ = lib;
-    format!("the TensorRT-RTX plugin did not load ({e}){hint}")
+    PluginError::Load {
+        message: e.to_string(),
+        hint,
+    }
 }
 
 #[cfg(test)]
@@ -259,6 +280,39 @@ mod tests {
         assert_eq!(
             get(&o, "nv_runtime_cache_path").as_deref(),
             Some("/m/trt-rtx/cache")
+        );
+    }
+
+    /// The messages are those the functions wrote before they had an error type.
+    #[test]
+    fn errors_say_what_they_said() {
+        let p = PathBuf::from("/x/lib.so");
+        assert_eq!(
+            PluginError::NoSuchFile(p.clone()).to_string(),
+            format!("{PLUGIN_ENV}={}: no such file", p.display())
+        );
+        assert_eq!(
+            PluginError::NotInstalled(3).to_string(),
+            format!(
+                "the TensorRT-RTX plugin ({PLUGIN_LIBRARY}) is not installed (looked in {} \
+                 folders, e.g. .venv/lib/python3*/site-packages/{PLUGIN_PACKAGE}); install it \
+                 with scripts/setup.sh --gpu or set {PLUGIN_ENV}",
+                3
+            )
+        );
+        assert_eq!(
+            load_error("libcuda.so.1: cannot open").to_string(),
+            "the TensorRT-RTX plugin did not load (libcuda.so.1: cannot open): the plugin needs \
+             the NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1), which this machine does not have"
+        );
+        let drm = " (no drm)";
+        assert_eq!(
+            PluginError::NoDevice(drm).to_string(),
+            format!(
+                "ONNX Runtime offers no device to {EP_NAME}{drm}; it runs on GeForce RTX and RTX \
+                 workstation GPUs of compute capability 8.6, 8.9 or 12.0+, not on data-centre \
+                 GPUs such as the A100, H100 or H200"
+            )
         );
     }
 

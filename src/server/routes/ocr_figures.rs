@@ -6,15 +6,61 @@
 //! decoded as it was (EXIF orientation applied). Each reference becomes
 //! `![alt](page-P-figure-N.png)`, the name under which the page's `figures` carry the crop.
 
-use super::ocr_pages::PageResult;
+use super::ocr_pages::{Figures, PageResult};
 use super::AppState;
 use crate::documents::pdf;
 use crate::documents::pdf::sandbox::{OpenPdf, PdfReader};
 use crate::model::preprocess;
 use crate::output::figures;
+use crate::output::figures::boxes::Adjustment;
+use crate::output::figures::Figure;
 use crate::server::error::ApiError;
 use base64::Engine as _;
-use serde_json::{json, Value};
+use serde::Serialize;
+
+/// A figure of a page's `figures`: the [`Figure`]'s fields with, when it was cropped, the
+/// crop as a PNG data URL and the name its link now points to. Fields are in alphabetical
+/// order, as `serde_json`'s map wrote them when this was built as one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FigureEntry {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub adjusted: Vec<Adjustment>,
+    #[serde(rename = "box", skip_serializing_if = "Option::is_none")]
+    pub pixels: Option<[u32; 4]>,
+    pub box_1000: [f64; 4],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub figure: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    pub source: String,
+}
+
+impl FigureEntry {
+    /// `f`'s entry, its crop (if any) as a data URL named `file`.
+    fn new(f: Figure, png: Option<Vec<u8>>, file: String) -> FigureEntry {
+        let data_url = png.map(|png| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(png);
+            format!("data:image/png;base64,{b64}")
+        });
+        FigureEntry {
+            adjusted: f.adjusted,
+            pixels: f.pixels,
+            box_1000: f.box_1000,
+            file: if data_url.is_some() {
+                Some(file)
+            } else {
+                f.file
+            },
+            data_url,
+            error: f.error,
+            figure: f.figure,
+            source: f.source,
+        }
+    }
+}
 
 /// Crops the figures of an upload's `results` off the async runtime (rendering a page is
 /// blocking work) and rewrites their texts; one `figures` array per page, in order.
@@ -23,7 +69,7 @@ pub(super) async fn crop_results(
     bytes: bytes::Bytes,
     name: String,
     results: &mut [PageResult],
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<Figures, ApiError> {
     let numbers: Vec<usize> = results.iter().map(|r| r.number).collect();
     let mut texts: Vec<String> = results
         .iter_mut()
@@ -53,12 +99,12 @@ pub fn crop_pages(
     numbers: &[usize],
     texts: &mut [String],
     max_pixels: u64,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<Figures, ApiError> {
     let mut doc: Option<OpenPdf> = None;
     let mut out = Vec::with_capacity(texts.len());
     for (text, &number) in texts.iter_mut().zip(numbers) {
         if !figures::has_figures(text) {
-            out.push(json!([]));
+            out.push(Vec::new());
             continue;
         }
         let page = if pdf::is_pdf(bytes) {
@@ -75,21 +121,18 @@ pub fn crop_pages(
         let got = figures::crop_figures(text, &page, |n| figures::file_name(number, n));
         let mut figs = Vec::with_capacity(got.figures.len());
         for mut f in got.figures {
-            let crop = f.crop.take();
-            let mut v = json!(f);
-            if let Some(crop) = crop {
-                let png = figures::png_bytes(&crop)
-                    .map_err(|e| ApiError::Engine(format!("{name}: encoding a figure: {e}")))?;
-                v["file"] = json!(figures::file_name(number, f.figure));
-                v["data_url"] = json!(format!(
-                    "data:image/png;base64,{}",
-                    base64::engine::general_purpose::STANDARD.encode(png)
-                ));
-            }
-            figs.push(v);
+            let png = match f.crop.take() {
+                Some(crop) => Some(
+                    figures::png_bytes(&crop)
+                        .map_err(|e| ApiError::Engine(format!("{name}: encoding a figure: {e}")))?,
+                ),
+                None => None,
+            };
+            let file = figures::file_name(number, f.figure);
+            figs.push(FigureEntry::new(f, png, file));
         }
         *text = got.text;
-        out.push(Value::Array(figs));
+        out.push(figs);
     }
     Ok(out)
 }
@@ -103,6 +146,7 @@ fn engine_error(e: pdf::PdfError) -> ApiError {
 mod tests {
     use super::*;
     use image::{Rgb, RgbImage};
+    use serde_json::json;
 
     fn in_process() -> PdfReader {
         PdfReader::InProcess(None)
@@ -119,6 +163,7 @@ mod tests {
         let png = figures::png_bytes(&img).unwrap();
         let mut texts = vec!["A ![image](image_1.png) 250,200,600,800 b".to_string()];
         let figs = crop_pages(&in_process(), &png, "page.png", &[1], &mut texts, 1 << 30).unwrap();
+        let figs = serde_json::to_value(figs).unwrap();
         assert_eq!(texts[0], "A ![image](page-1-figure-1.png) b");
         let f = &figs[0][0];
         assert_eq!(f["box"], json!([500, 300, 1200, 1200]));
@@ -133,10 +178,39 @@ mod tests {
         assert!(crop.pixels().all(|p| p.0 == [0, 0, 255]));
         // A page without boxes is neither loaded nor changed.
         let mut plain = vec!["no figures".to_string()];
-        assert_eq!(
-            crop_pages(&in_process(), b"", "x", &[1], &mut plain, 1).unwrap(),
-            vec![json!([])]
-        );
+        let figs = crop_pages(&in_process(), b"", "x", &[1], &mut plain, 1).unwrap();
+        assert_eq!(serde_json::to_value(figs).unwrap(), json!([[]]));
         assert_eq!(plain[0], "no figures");
+    }
+
+    /// The bytes of an entry, as they were when built as a `serde_json` map.
+    #[test]
+    fn entries_keep_their_bytes() {
+        let f = Figure {
+            figure: 1,
+            source: "image_1.png".into(),
+            box_1000: [1.0, 2.0, 3.5, 4.0],
+            pixels: Some([1, 2, 3, 4]),
+            adjusted: vec![Adjustment::Clamped],
+            error: None,
+            file: None,
+            crop: None,
+        };
+        let name = || figures::file_name(1, 1);
+        let cropped = FigureEntry::new(f.clone(), Some(b"x".to_vec()), name());
+        assert_eq!(
+            serde_json::to_string(&cropped).unwrap(),
+            r#"{"adjusted":["clamped"],"box":[1,2,3,4],"box_1000":[1.0,2.0,3.5,4.0],"data_url":"data:image/png;base64,eA==","figure":1,"file":"page-1-figure-1.png","source":"image_1.png"}"#
+        );
+        let failed = Figure {
+            pixels: None,
+            adjusted: vec![],
+            error: Some("no area".into()),
+            ..f
+        };
+        assert_eq!(
+            serde_json::to_string(&FigureEntry::new(failed, None, name())).unwrap(),
+            r#"{"box_1000":[1.0,2.0,3.5,4.0],"error":"no area","figure":1,"source":"image_1.png"}"#
+        );
     }
 }

@@ -12,6 +12,7 @@
 //! job's status), the others go on. The server keeps `--max-jobs` jobs, running or finished
 //! (429 past that), a finished one for `--job-ttl`; jobs live in memory, not across restarts.
 
+use super::bodies::{JobStatus, PageEntry};
 use super::ocr_form::{json_format, page_params, prepare_page, queue_page, read_form, Upload};
 use super::ocr_pages::{self, PageJob, PageResult};
 use super::*;
@@ -143,34 +144,30 @@ impl OcrJob {
         }
     }
 
-    /// `GET /v1/ocr/jobs/{id}`'s body.
-    fn to_json(&self) -> Value {
+    /// `GET /v1/ocr/jobs/{id}`'s answer: the job's status, each finished page without its
+    /// text (with its error's message where it failed in one).
+    fn status_response(&self) -> Response {
         let s = lock(&self.state);
-        let pages: Vec<Value> = s
+        let pages = s
             .pages
             .iter()
-            .map(|r| {
-                let mut v = ocr_pages::page_json(r);
-                if let Some(obj) = v.as_object_mut() {
-                    obj.remove("text");
-                }
-                if let Some(e) = s.errors.get(&r.number) {
-                    v["error"] = json!(e);
-                }
-                v
+            .map(|r| PageEntry {
+                text: None,
+                error: s.errors.get(&r.number).map(String::as_str),
+                ..ocr_pages::page_entry(r)
             })
             .collect();
-        let failed = s.pages.iter().filter(|r| r.outcome.is_failed()).count();
-        json!({
-            "id": self.id,
-            "object": "ocr.job",
-            "created": self.created,
-            "status": self.status(&s),
-            "pages_total": s.total,
-            "pages_done": s.pages.len(),
-            "pages_failed": failed,
-            "pages": pages,
-        })
+        let body = JobStatus {
+            created: self.created,
+            id: &self.id,
+            object: "ocr.job",
+            pages,
+            pages_done: s.pages.len(),
+            pages_failed: s.pages.iter().filter(|r| r.outcome.is_failed()).count(),
+            pages_total: s.total,
+            status: self.status(&s),
+        };
+        Json(body).into_response()
     }
 
     fn page_done(&self, number: usize, r: Result<PageResult, ApiError>) {
@@ -231,14 +228,14 @@ pub async fn create_job(
     let job = st.jobs.add(numbers.len())?;
     let task = tokio::spawn(run(st.clone(), job.clone(), source, numbers, plan));
     *lock(&job.task) = Some(task.abort_handle());
-    let mut r = Json(job.to_json()).into_response();
+    let mut r = job.status_response();
     *r.status_mut() = StatusCode::ACCEPTED;
     Ok(r)
 }
 
 /// `GET /v1/ocr/jobs/{id}`.
 pub async fn job_status(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
-    Ok(Json(st.jobs.get(&id)?.to_json()).into_response())
+    Ok(st.jobs.get(&id)?.status_response())
 }
 
 /// Query of `GET /v1/ocr/jobs/{id}/result`.
@@ -282,7 +279,7 @@ pub async fn cancel_job(State(st): St, Path(id): Path<String>) -> Result<Respons
         }
         job.end(true);
     }
-    Ok(Json(job.to_json()).into_response())
+    Ok(job.status_response())
 }
 
 /// What every page of a job is asked with.

@@ -9,13 +9,19 @@
 //! deadline (the `accepted` instant of the first attempt) and its cancellation (dropping the
 //! handler drops the receivers, which cancels the job and sends no further retry).
 
+use super::bodies::{OcrResponse, PageEntry};
+use super::ocr_figures::FigureEntry;
 use super::*;
 use crate::generation::generate::FinishReason;
 use crate::generation::outcome::{failed_marker, FailReason, Next, PageOutcome, RetryPolicy};
+use crate::server::error::ErrorDetail;
 
 /// Retries a request may ask for: olmOCR tries a page up to 8 times; this bounds one
 /// upload's work to 9 attempts a page.
 pub const MAX_RETRIES: usize = 8;
+
+/// The figures of an upload's pages: one list a page, in order.
+pub(super) type Figures = Vec<Vec<FigureEntry>>;
 
 /// One page of an upload, queued.
 pub(super) struct PageJob {
@@ -147,41 +153,61 @@ pub(super) fn page_markdown(r: &PageResult) -> String {
 }
 
 /// The `pages[]` entry of `format=json`.
-pub(super) fn page_json(r: &PageResult) -> Value {
-    let mut v = json!({
-        "page": r.number,
-        "text": r.text,
-        "status": r.outcome.status,
-        "finish_reason": r.finish_reason,
-        "attempts": r.outcome.attempts,
-        "completion_tokens": r.completion_tokens,
-    });
-    if let Some(reason) = r.outcome.reason {
-        v["reason"] = json!(reason);
+pub(super) fn page_entry(r: &PageResult) -> PageEntry<'_> {
+    PageEntry {
+        attempts: r.outcome.attempts,
+        completion_tokens: r.completion_tokens,
+        error: None,
+        figures: None,
+        finish_reason: r.finish_reason,
+        page: r.number,
+        reason: r.outcome.reason,
+        status: r.outcome.status,
+        text: Some(&r.text),
     }
-    v
 }
 
 /// The `pages` array of `format=json`, each page with its `figures` where they were cropped.
-fn pages_json(results: &[PageResult], figures: Option<Vec<Value>>) -> Vec<Value> {
-    let mut pages: Vec<Value> = results.iter().map(page_json).collect();
+fn page_entries(results: &[PageResult], figures: Option<Figures>) -> Vec<PageEntry<'_>> {
+    let mut pages: Vec<PageEntry> = results.iter().map(page_entry).collect();
     for (p, f) in pages.iter_mut().zip(figures.into_iter().flatten()) {
-        p["figures"] = f;
+        p.figures = Some(f);
     }
     pages
 }
 
 /// The error object of a response none of whose pages finished.
-pub(super) fn all_failed_error(pages: usize) -> Value {
-    json!({
-        "message": format!(
+pub(super) fn all_failed_error(pages: usize) -> ErrorDetail {
+    ErrorDetail {
+        code: "pages_failed",
+        message: format!(
             "no page of the upload finished ({pages} failed): each ended at max_tokens or in a \
              loop after its retries; raise max_tokens or retries, or send accept_length=true"
         ),
-        "type": "invalid_request_error",
-        "param": Value::Null,
-        "code": "pages_failed",
-    })
+        param: None,
+        kind: "invalid_request_error",
+    }
+}
+
+/// The body of `format=json`: the text, the pages and the usage of every attempt.
+fn json_body<'a>(
+    st: &'a AppState,
+    results: &'a [PageResult],
+    text: String,
+    failed: Vec<usize>,
+    figures: Option<Figures>,
+) -> OcrResponse<'a> {
+    let prompt = results.iter().map(|r| r.prompt_tokens_all).sum();
+    let completion = results.iter().map(|r| r.completion_tokens_all).sum();
+    let none_finished = status_of(failed.len(), results.len()) == StatusCode::UNPROCESSABLE_ENTITY;
+    OcrResponse {
+        error: none_finished.then(|| all_failed_error(failed.len())),
+        failed_pages: failed,
+        model: &st.cfg.model_name,
+        pages: page_entries(results, figures),
+        text,
+        usage: openai::Usage::new(prompt, completion),
+    }
 }
 
 /// The response of an upload whose pages all ended: markdown (failed pages as their
@@ -191,7 +217,7 @@ pub(super) fn respond(
     st: &AppState,
     results: &[PageResult],
     json_out: bool,
-    figures: Option<Vec<Value>>,
+    figures: Option<Figures>,
 ) -> Response {
     let mut text = String::new();
     for (i, r) in results.iter().enumerate() {
@@ -207,19 +233,7 @@ pub(super) fn respond(
         .collect();
     let status = status_of(failed.len(), results.len());
     let mut resp = if json_out {
-        let prompt = results.iter().map(|r| r.prompt_tokens_all).sum();
-        let completion = results.iter().map(|r| r.completion_tokens_all).sum();
-        let mut body = json!({
-            "model": st.cfg.model_name,
-            "text": text,
-            "pages": pages_json(results, figures),
-            "failed_pages": failed,
-            "usage": openai::usage(prompt, completion),
-        });
-        if status == StatusCode::UNPROCESSABLE_ENTITY {
-            body["error"] = all_failed_error(failed.len());
-        }
-        Json(body).into_response()
+        Json(json_body(st, results, text, failed.clone(), figures)).into_response()
     } else {
         (
             [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
@@ -360,6 +374,43 @@ mod tests {
         assert_eq!(
             finish_of("length", Some("repetition")),
             FinishReason::Repetition
+        );
+    }
+
+    /// The bytes of a page's entry and of the error of an upload none of whose pages finished,
+    /// as they were when built as `serde_json` maps.
+    #[test]
+    fn entries_keep_their_bytes() {
+        let r = PageResult {
+            number: 2,
+            text: "a\"b".into(),
+            finish_reason: "length",
+            completion_tokens: 5,
+            prompt_tokens_all: 9,
+            completion_tokens_all: 15,
+            outcome: PageOutcome::failed(FailReason::Length, 3),
+        };
+        assert_eq!(
+            serde_json::to_string(&page_entry(&r)).unwrap(),
+            r#"{"attempts":3,"completion_tokens":5,"finish_reason":"length","page":2,"reason":"length","status":"failed","text":"a\"b"}"#
+        );
+        let ok = PageResult {
+            outcome: PageOutcome::finished(1),
+            finish_reason: "stop",
+            ..r
+        };
+        let mut e = page_entry(&ok);
+        e.text = None;
+        e.error = Some("x");
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"attempts":1,"completion_tokens":5,"error":"x","finish_reason":"stop","page":2,"status":"ok"}"#
+        );
+        let body = serde_json::to_string(&all_failed_error(2)).unwrap();
+        assert!(
+            body.starts_with(r#"{"code":"pages_failed","message":"no page of the upload finished (2 failed): each ended"#)
+                && body.ends_with(r#"accept_length=true","param":null,"type":"invalid_request_error"}"#),
+            "{body}"
         );
     }
 

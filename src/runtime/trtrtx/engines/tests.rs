@@ -106,15 +106,21 @@ fn the_16gb_spec_builds_the_three_int4_graphs_with_the_profiles_shapes() {
 #[test]
 fn specs_are_refused_for_ort_exports_missing_precisions_and_profiles_without_the_section() {
     let (_d, m) = export_fixture(Target::Ort);
-    let e = BuildSpec::new(&m, &profile("16gb")).unwrap_err();
+    let e = BuildSpec::new(&m, &profile("16gb"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--target tensorrt"), "{e}");
     let (_d2, m2) = export_fixture(Target::TensorRt);
-    let e = BuildSpec::new(&m2, &profile("24gb")).unwrap_err();
+    let e = BuildSpec::new(&m2, &profile("24gb"))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("no fp16 graphs") && e.contains("--precision fp16"),
         "{e}"
     );
-    let e = BuildSpec::new(&m2, &profile("cpu")).unwrap_err();
+    let e = BuildSpec::new(&m2, &profile("cpu"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no tensorrt_rtx section"), "{e}");
 }
 
@@ -124,7 +130,7 @@ fn a_recorded_set_is_used_only_while_everything_it_was_built_from_matches() {
     let dir = d.path().join("m");
     let p = profile("16gb");
     let spec = BuildSpec::new(&m, &p).unwrap();
-    let e = check(None, &spec, None, &dir).unwrap_err();
+    let e = check(None, &spec, None, &dir).unwrap_err().to_string();
     assert!(
         e.contains("ocrctl build-engines --model") && e.contains("--profile 16gb"),
         "{e}"
@@ -140,13 +146,17 @@ fn a_recorded_set_is_used_only_while_everything_it_was_built_from_matches() {
         .ends_with("trt-rtx/16gb/vision_encoder_q4f16_ctx.onnx"));
 
     // Another TensorRT-RTX release.
-    let e = check(Some(&set), &spec, Some("1.8.0"), &dir).unwrap_err();
+    let e = check(Some(&set), &spec, Some("1.8.0"), &dir)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("1.7.1.116") && e.contains("1.8.0"), "{e}");
     // Another profile value.
     let mut p2 = p.clone();
     p2.max_sequence_length /= 2;
     let spec2 = BuildSpec::new(&m, &p2).unwrap();
-    let e = check(Some(&set), &spec2, None, &dir).unwrap_err();
+    let e = check(Some(&set), &spec2, None, &dir)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("changed since the engines were built"), "{e}");
     // A source graph that changed.
     let mut other = set.clone();
@@ -155,7 +165,9 @@ fn a_recorded_set_is_used_only_while_everything_it_was_built_from_matches() {
         .get_mut("decoder_model_merged")
         .unwrap()
         .source_digest = "0".repeat(64);
-    let e = check(Some(&other), &spec, None, &dir).unwrap_err();
+    let e = check(Some(&other), &spec, None, &dir)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("onnx/decoder_model_merged_q4f16.onnx changed since its engine was built"),
         "{e}"
@@ -163,13 +175,17 @@ fn a_recorded_set_is_used_only_while_everything_it_was_built_from_matches() {
     // A missing or truncated engine.
     let engine = dir.join("trt-rtx/16gb/embed_tokens_q4f16.engine");
     std::fs::write(&engine, [1u8; 10]).unwrap();
-    let e = check(Some(&set), &spec, None, &dir).unwrap_err();
+    let e = check(Some(&set), &spec, None, &dir)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("embed_tokens_q4f16.engine: 10 bytes, 100 were built"),
         "{e}"
     );
     std::fs::remove_file(&engine).unwrap();
-    let e = check(Some(&set), &spec, None, &dir).unwrap_err();
+    let e = check(Some(&set), &spec, None, &dir)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("embed_tokens_q4f16.engine"), "{e}");
 }
 
@@ -186,7 +202,7 @@ fn a_graph_with_ordinary_nodes_is_not_an_epcontext_model() {
     let (d, m) = export_fixture(Target::TensorRt);
     let g = &m.graphs[&Precision::Int4Fp16]["embed_tokens"];
     let path = d.path().join("m/onnx").join(&g.file);
-    let e = check_context_model(&path).unwrap_err();
+    let e = check_context_model(&path).unwrap_err().to_string();
     assert!(
         e.contains("an EPContext model holds EPContext nodes only"),
         "{e}"
@@ -195,5 +211,60 @@ fn a_graph_with_ordinary_nodes_is_not_an_epcontext_model() {
     std::fs::write(&junk, [0xffu8; 7]).unwrap();
     assert!(check_context_model(&junk)
         .unwrap_err()
+        .to_string()
         .contains("not an ONNX model"));
+}
+
+/// The messages are those the functions wrote before they had error types.
+#[test]
+fn errors_say_what_they_said() {
+    let e = SpecError::NoPrecision {
+        precision: "fp16",
+        profile: "24gb".into(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "the export has no fp16 graphs, which profile 24gb runs (export with --precision fp16)"
+    );
+    assert_eq!(
+        SpecError::NoDigest("d.onnx".into()).to_string(),
+        "the manifest records no digest of onnx/d.onnx (an export older than the digests; \
+         export again)"
+    );
+    let e = Mismatch::NotBuilt {
+        profile: "16gb".into(),
+        model: PathBuf::from("out/m"),
+    };
+    assert_eq!(
+        e.to_string(),
+        "no engines were built for profile 16gb (ocrctl build-engines --model out/m --profile 16gb)"
+    );
+    let e = Mismatch::Release {
+        built: "1.7.1".into(),
+        runtime: "1.8.0".into(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "the engines were built with TensorRT-RTX 1.7.1 and the plugin bundles 1.8.0; build \
+         them again with the same release"
+    );
+    assert_eq!(
+        Mismatch::ProfileChanged("16gb".into()).to_string(),
+        "profile 16gb's shape ranges, precision, targets or workspace changed since the engines \
+         were built"
+    );
+    let e = ContextModelError::Weights {
+        path: PathBuf::from("c.onnx"),
+        count: 2,
+    };
+    assert_eq!(
+        e.to_string(),
+        "c.onnx: holds 2 initializers; the weights belong in the engine"
+    );
+    assert_eq!(
+        crate::runtime::trtrtx::build::BuildError::NoPython(2).to_string(),
+        "no Python with the TensorRT-RTX builder (tensorrt_rtx_bindings) found (2 tried); \
+         install it with scripts/setup.sh --trt-rtx, or set OCRCTL_PYTHON to a python that has \
+         tensorrt-rtx-cu13-bindings"
+    );
 }

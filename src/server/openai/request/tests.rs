@@ -8,10 +8,7 @@ fn err(body: &str) -> ApiError {
 }
 
 fn param(e: &ApiError) -> String {
-    e.body()["error"]["param"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
+    e.body().error.param.unwrap_or_default()
 }
 
 #[test]
