@@ -14,7 +14,7 @@ python3 -c "from PIL import Image; Image.new('RGB',(600,800),'white').save('/tmp
 body() { python3 - <<'PY'
 import base64, json
 b = base64.b64encode(open("/tmp/page.png", "rb").read()).decode()
-print(json.dumps({"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": [
+print(json.dumps({"max_tokens": 4, "messages": [{"role": "user", "content": [
   {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b}}]}]}))
 PY
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The 2026-12-06 sitting on one GPU (device tool): the paged decoder in ocrctl's runtime. One STEP
 # a call, back to back (the machine is kept ~30 s after a call):
-#   ort N     carries .ortgpu/part-0N into /opt/ortparts (N=0 also .ortgpu/bin, N=3 also
-#             .ortgpu/ocrctl.zst), as scripts/gpu/gpu_env.sh expects them
+#   ort N     carries .ortgpu/part-0N into /opt/ortparts (N=0 also .ortgpu/bin, the last also
+#             .ortgpu/ocrctl.zst), as scripts/gpu/gpu_env.sh expects them. With the tree at
+#             15 MiB, 52 MiB parts no longer fit a call's 64: re-split them into five,
+#             `cat part-0* > all && rm part-0* && split -b 44m -d all part-` in .ortgpu/
 #   parity    scripts/gpu/gpu_parity.sh: the fixture against the transformers goldens, the GQA
 #             and merged decoders as before and the paged decoder (graphs off/on, a 2-block pool)
 #   check     the paged decoder's preemption on the fixture (the last part of gpu_parity.sh:

@@ -18,8 +18,9 @@
 //! of its own open then (scripts/gpu/capture_shim.c logged every one through the CUDA runtime:
 //! the decode graphs', all ended at load), so the capture was most likely cuDNN's own (its
 //! runtime is linked in, out of the shim's sight), on a new shape. Runs of
-//! sizes already seen never collided. So the first run of each input shape holds the lock
-//! alone too ([`hold`]).
+//! sizes already seen never collided there; on an H100 (2026-12-06) they did when the
+//! size differed from the encoder's previous run (its convolution keeps one shape's plan). So
+//! a vision run whose shape changed holds the lock alone too ([`hold`]).
 //!
 //! So a capture holds the lock [`exclusive`]ly and every GPU-touching entry point of a model
 //! (the [`crate::runtime::backend::Backend`] methods, the stages' encoder and prefill, a

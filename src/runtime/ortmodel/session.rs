@@ -4,8 +4,9 @@
 //! driver, no TensorRT libraries) is dropped with a message and the next one is tried, unless
 //! providers are strict. The provider that the session got is returned with it, so the
 //! decoder knows whose memory its KV cache can stay in. A graph's external weights are read
-//! into memory first (`weights`), so no session maps a file of the export. Also the checks before a load
-//! ([`verify_files`]) and writing the graph ONNX Runtime optimised ([`write_optimized_graph`]).
+//! into memory first where the session would keep them mapped (`weights`), so no session
+//! maps a file of the export once built. Also the checks before a load ([`verify_files`])
+//! and writing the graph ONNX Runtime optimised ([`write_optimized_graph`]).
 
 use super::{LoadError, LoadOptions, MANIFEST_NAME};
 use crate::runtime::providers::Provider;
@@ -65,8 +66,9 @@ pub(super) fn build(
         path: path.to_path_buf(),
         message,
     };
-    // Read once for every provider tried; dropped when this returns (ONNX Runtime copied it).
-    let weights = super::weights::read(path)?;
+    // Read at most once for every provider tried; dropped when this returns (ONNX Runtime
+    // copied it).
+    let mut weights = None;
     // Availability notes were printed once by `OrtModel::load`.
     let (mut order, _) =
         crate::runtime::providers::usable(&opts.providers).map_err(|e| err(e.to_string()))?;
@@ -92,6 +94,14 @@ pub(super) fn build(
             }
         }
         let rtx = order.first() == Some(&Provider::TensorRtRtx);
+        let in_memory = if super::weights::keeps_map(order[0]) {
+            if weights.is_none() {
+                weights = Some(super::weights::read(path)?);
+            }
+            weights.as_ref().and_then(|w| w.as_ref())
+        } else {
+            None
+        };
         // A prebuilt engine replaces the graph: its EPContext model names the engine file.
         let prebuilt = rtx
             .then(|| opts.providers.trt_rtx.engines.get(&part))
@@ -151,7 +161,7 @@ pub(super) fn build(
                 b = b.with_execution_providers(&eps)?;
             }
             // An EPContext model names its engine, not these weights.
-            if let (Some(w), None) = (&weights, prebuilt) {
+            if let (Some(w), None) = (in_memory, prebuilt) {
                 b = b.with_external_initializer_file_in_memory(&w.name, w.bytes.clone())?;
             }
             b.commit_from_file(file)

@@ -142,11 +142,11 @@ fn lock(vision: &Mutex<Vision>) -> MutexGuard<'_, Vision> {
     vision.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// [`encode`] under the capture lock: alone for an image size the encoder has not run yet
-/// (cuDNN most likely captures a stream of its own on a new shape, and then any other thread's
-/// synchronisation fails both: see [`super::capture`]), shared otherwise. The first page
-/// of a size thus waits for the decode step in flight and holds the next one back for one
-/// encoder run, once per size.
+/// [`encode`] under the capture lock: alone when the image size differs from the encoder's
+/// previous run (cuDNN most likely captures a stream of its own when its convolution's shape
+/// changes, and then any other thread's synchronisation fails both: see [`super::capture`]),
+/// shared otherwise. Such a page waits for the decode step in flight and holds the next one
+/// back for one encoder run.
 pub(super) fn run(
     vision: &Mutex<Vision>,
     pixel_values: &Pixels,
@@ -182,10 +182,12 @@ pub(super) fn run(
     Ok(out)
 }
 
-/// When a vision run holds the capture lock alone: for a size never run (the default), for a
-/// size other than the previous run's, or always. `OCRCTL_VISION_ALONE=new|changed|always`
-/// picks it, for the GPU check of docs/benchmarks/2026-12-06-paged §3 (pages lost to a
-/// capture collision with sizes already seen).
+/// When a vision run holds the capture lock alone: for a size other than the previous run's
+/// (the default), for a size never run, or always (`OCRCTL_VISION_ALONE=changed|new|always`).
+/// ONNX Runtime's cuDNN convolution keeps the plan of its last shape only: with `new`, 15
+/// fixture pages of five sizes at batch 15 on an H100 lost a page in 10 of 40 runs (both
+/// decoders), with `changed` in none of 40; a 16 GiB server (paged, fp8, 32 clients, mixed
+/// sizes) did 6 % fewer pages/s (docs/benchmarks/2026-12-06-paged §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AlonePolicy {
     NewSize,
@@ -196,9 +198,9 @@ enum AlonePolicy {
 fn alone_policy() -> AlonePolicy {
     static POLICY: std::sync::OnceLock<AlonePolicy> = std::sync::OnceLock::new();
     *POLICY.get_or_init(|| match std::env::var("OCRCTL_VISION_ALONE").as_deref() {
-        Ok("changed") => AlonePolicy::ChangedSize,
+        Ok("new") => AlonePolicy::NewSize,
         Ok("always") => AlonePolicy::Always,
-        _ => AlonePolicy::NewSize,
+        _ => AlonePolicy::ChangedSize,
     })
 }
 
