@@ -1,6 +1,6 @@
 """numpy references of the ONNX Runtime contrib ops in ocrctl's paged decoder, for checking it
 without a GPU (`scripts/check_paged.py`) and ONNX Runtime's CUDA kernels against
-(`scripts/gpu/gpu_paged_probe.py`).
+(`docs/benchmarks/2026-12-05-h200/gpu_paged_probe.py`).
 
 - `paged_attention`: `com.microsoft.PagedAttention` as its schema and CUDA kernel describe it
   (onnxruntime 1.31.1): packed q|k|v of the packed tokens of B sequences

@@ -132,7 +132,7 @@ pub mod hint {
     /// attention node (inputs 14/15). With the norm fused, ONNX Runtime 1.31.1's CUDA kernel no
     /// longer decodes an 8-bit cache through XQA but dequantizes it: measured on an H200
     /// (`docs/benchmarks/2026-12-03-kv-cache/gpu_ort_opt_diff.py`,
-    /// `scripts/gpu/gpu_kv_decoder_probe.py`), the full-size fp8 decoder's batch-64 step took 34.1
+    /// `docs/benchmarks/2026-12-03-kv-cache/gpu_kv_decoder_probe.py`), the full-size fp8 decoder's batch-64 step took 34.1
     /// ms with the fusion and 4.8 ms without it, against 6.4 ms for the fp16 cache, which keeps the
     /// fusion (6.65 ms without it); end to end, fp8 8.47 A4 pages/s at batch 256 against 6.86
     /// (docs/benchmarks/2026-12-03-kv-cache/ §5). ocrctl's runtime leaves it out itself; the hint

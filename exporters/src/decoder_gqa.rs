@@ -98,6 +98,20 @@ pub(crate) fn rope_tables(theta: f64, head_dim: usize, positions: usize) -> (Vec
     (cos, sin)
 }
 
+/// The inputs besides the cache: `inputs_embeds [B, S, D]`, `seqlens_k [B]` and
+/// `total_sequence_length`.
+fn step_inputs(g: &mut Graph, e: Emit, d: usize, b: &Dim) -> (Value, Value, Value) {
+    let s = Dim::named("sequence_length");
+    let x0 = g.input(
+        tensor::INPUTS_EMBEDS,
+        e.act,
+        &[b.clone(), s, Dim::Fixed(d as i64)],
+    );
+    let seqlens = g.input(tensor::SEQLENS_K, DType::I32, std::slice::from_ref(b));
+    let total = g.input(tensor::TOTAL_SEQUENCE_LENGTH, DType::I32, &[]);
+    (x0, seqlens, total)
+}
+
 /// Builds `<dir>/<stem>.onnx` with the cache and query-head layout of `layout`. `step` is
 /// called once per decoder layer.
 pub fn build(
@@ -118,19 +132,11 @@ pub fn build(
     let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
     let mut g = Graph::create(dir, stem)?;
     let b = Dim::named("batch_size");
-    let s = Dim::named("sequence_length");
-    let cap = Dim::named("max_sequence_length");
-    let x0 = g.input(
-        tensor::INPUTS_EMBEDS,
-        e.act,
-        &[b.clone(), s, Dim::Fixed(d as i64)],
-    );
-    let seqlens = g.input(tensor::SEQLENS_K, DType::I32, std::slice::from_ref(&b));
-    let total = g.input(tensor::TOTAL_SEQUENCE_LENGTH, DType::I32, &[]);
+    let (x0, seqlens, total) = step_inputs(&mut g, e, d, &b);
     let kv_dims = vec![
         b.clone(),
         Dim::Fixed(kvh as i64),
-        cap,
+        Dim::named("max_sequence_length"),
         Dim::Fixed(hd as i64),
     ];
     let pasts = cache_inputs(&mut g, t.num_layers, cache, &kv_dims);
@@ -178,15 +184,19 @@ pub fn build(
     let axis = g.const_i64(&[1]);
     let x = g.op("Slice", &[&x, &starts, &ends, &axis], &[]);
     last_position_outputs(&mut g, e, w, cfg, &x, b)?;
-    // An 8-bit cache: the fusion other ONNX Runtime programs must leave out, as ocrctl does.
-    let hints: Vec<(String, String)> = match kv {
+    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &kv8_hints(kv))
+}
+
+/// The graph's hints: for an 8-bit cache, the fusion other ONNX Runtime programs must leave
+/// out, as ocrctl does.
+fn kv8_hints(kv: KvCache) -> Vec<(String, String)> {
+    match kv {
         KvCache::Activation => Vec::new(),
         _ => vec![(
             hint::DISABLE_OPTIMIZERS.into(),
             hint::KV8_DISABLED_OPTIMIZERS.into(),
         )],
-    };
-    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &hints)
+    }
 }
 
 /// The query-head padding of an 8-bit cache's layout (see `kv_cache`): the padded model

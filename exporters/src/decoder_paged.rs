@@ -76,24 +76,7 @@ pub fn build(
     let (d, nh, kvh, hd) = (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim);
     let mut g = Graph::create(dir, stem)?;
     let b = Dim::named("batch_size");
-    let x0 = g.input(
-        tensor::INPUTS_EMBEDS,
-        e.act,
-        &[
-            Dim::Fixed(1),
-            Dim::named("total_tokens"),
-            Dim::Fixed(d as i64),
-        ],
-    );
-    let b1 = Dim::named("batch_size_plus_1");
-    let cu = g.input(tensor::CUMULATIVE_SEQUENCE_LENGTH, DType::I32, &[b1]);
-    let past = g.input(tensor::PAST_SEQLENS, DType::I32, std::slice::from_ref(&b));
-    let table = g.input(
-        tensor::BLOCK_TABLE,
-        DType::I32,
-        &[b.clone(), Dim::named("max_blocks_per_sequence")],
-    );
-    let bounds = g.input(tensor::ATTENTION_METADATA, DType::I32, &[Dim::Fixed(2)]);
+    let call = call_inputs(&mut g, e, d, &b);
     let kv_dims = vec![
         Dim::named("num_blocks"),
         Dim::named("block_size"),
@@ -106,62 +89,156 @@ pub fn build(
     // [1, T, x] ⇄ [T, x]: PagedAttention takes tokens without a batch axis.
     let tokens_2d = g.const_i64(&[-1, ((nh + 2 * kvh) * hd) as i64]);
     let tokens_3d = g.const_i64(&[1, -1, (nh * hd) as i64]);
-    let eps = t.rms_norm_eps;
+    let node = NodeInputs {
+        pools,
+        cos,
+        sin,
+        scales,
+        tokens_2d,
+        tokens_3d,
+    };
     let mut attention = |g: &mut Graph, i: usize, pre: &str, hn: &Value| {
-        let (pk, pv) = &pools[i];
-        let (names, packed) = qkv_names(cfg, pre);
-        let parts = names.each_ref().map(|(n, out)| (n.as_str(), *out));
-        let qkv = layers::linear_stacked(g, e, w, hn, &packed, &parts, d)?;
-        let qkv = g.op("Reshape", &[&qkv, &tokens_2d], &[]);
-        let qn = layers::vector(g, e, w, &format!("{pre}.self_attn.q_norm.weight"), hd)?;
-        let kn = layers::vector(g, e, w, &format!("{pre}.self_attn.k_norm.weight"), hd)?;
-        let absent = Value::absent();
-        // query (packed q|k|v), key, value, key_cache, value_cache, cumulative lengths,
-        // past lengths, block table, cos, sin, slot_mapping, head_sink, q/k norms,
-        // k_scale, v_scale, attention_metadata.
-        let mut inputs = vec![
-            &qkv, &absent, &absent, pk, pv, &cu, &past, &table, &cos, &sin, &absent, &absent, &qn,
-            &kn,
-        ];
-        let mut attrs = rotary_attention_attrs(cfg);
-        attrs.push(("qk_norm_epsilon", Attr::Float(eps as f32)));
-        match &scales[i] {
-            Some(s) => {
-                inputs.extend([s, s]);
-                attrs.extend([
-                    ("k_quant_type", Attr::Str("PER_TENSOR".into())),
-                    ("v_quant_type", Attr::Str("PER_TENSOR".into())),
-                ]);
-            }
-            None => inputs.extend([&absent, &absent]),
-        }
-        inputs.push(&bounds);
-        let outs = g.op_multi_in("com.microsoft", "PagedAttention", &inputs, &attrs, 3);
-        let att = g.op("Reshape", &[&outs[0], &tokens_3d], &[]);
-        Ok([att, outs[1].clone(), outs[2].clone()])
+        paged_attention(g, (e, w, cfg), &call, &node, (i, pre, hn))
     };
     let x = cache_layers(
         &mut g,
         e,
         w,
         cfg,
-        x0,
+        call.embeds.clone(),
         (cache, &kv_dims),
         &mut attention,
         step,
     )?;
-    // Each sequence's last new token: cumulative_sequence_length[1..] − 1, along T; then
-    // [1, B, D] → [B, 1, D], the rows the shared outputs take.
+    let x = last_tokens(&mut g, &x, &call.cu);
+    last_position_outputs(&mut g, e, w, cfg, &x, b)?;
+    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
+}
+
+/// What each layer's PagedAttention node takes besides the call's inputs and its own weights.
+struct NodeInputs {
+    /// Each layer's key and value block pools.
+    pools: Vec<(Value, Value)>,
+    /// The rotary tables.
+    cos: Value,
+    sin: Value,
+    /// Each layer's 8-bit cache scale.
+    scales: Vec<Option<Value>>,
+    /// `[T, (heads + 2·kv_heads)·head_dim]` and `[1, T, heads·head_dim]`.
+    tokens_2d: Value,
+    tokens_3d: Value,
+}
+
+/// Layer `i`'s attention (checkpoint prefix `pre`, normed input `hn`): one PagedAttention
+/// node over the packed q|k|v projection, its output back in `[1, T, heads·head_dim]`.
+fn paged_attention(
+    g: &mut Graph,
+    (e, w, cfg): (Emit, &dyn Weights, &ModelConfig),
+    call: &CallInputs,
+    node: &NodeInputs,
+    (i, pre, hn): (usize, &str, &Value),
+) -> Result<[Value; 3], ExportError> {
+    let t = &cfg.text;
+    let (d, hd) = (t.hidden_size, t.head_dim);
+    let (pk, pv) = &node.pools[i];
+    let (names, packed) = qkv_names(cfg, pre);
+    let parts = names.each_ref().map(|(n, out)| (n.as_str(), *out));
+    let qkv = layers::linear_stacked(g, e, w, hn, &packed, &parts, d)?;
+    let qkv = g.op("Reshape", &[&qkv, &node.tokens_2d], &[]);
+    let qn = layers::vector(g, e, w, &format!("{pre}.self_attn.q_norm.weight"), hd)?;
+    let kn = layers::vector(g, e, w, &format!("{pre}.self_attn.k_norm.weight"), hd)?;
+    let absent = Value::absent();
+    // query (packed q|k|v), key, value, key_cache, value_cache, cumulative lengths,
+    // past lengths, block table, cos, sin, slot_mapping, head_sink, q/k norms,
+    // k_scale, v_scale, attention_metadata.
+    let mut inputs = vec![
+        &qkv,
+        &absent,
+        &absent,
+        pk,
+        pv,
+        &call.cu,
+        &call.past,
+        &call.table,
+        &node.cos,
+        &node.sin,
+        &absent,
+        &absent,
+        &qn,
+        &kn,
+    ];
+    let mut attrs = rotary_attention_attrs(cfg);
+    attrs.push(("qk_norm_epsilon", Attr::Float(t.rms_norm_eps as f32)));
+    match &node.scales[i] {
+        Some(s) => {
+            inputs.extend([s, s]);
+            attrs.extend([
+                ("k_quant_type", Attr::Str("PER_TENSOR".into())),
+                ("v_quant_type", Attr::Str("PER_TENSOR".into())),
+            ]);
+        }
+        None => inputs.extend([&absent, &absent]),
+    }
+    inputs.push(&call.bounds);
+    let outs = g.op_multi_in("com.microsoft", "PagedAttention", &inputs, &attrs, 3);
+    let att = g.op("Reshape", &[&outs[0], &node.tokens_3d], &[]);
+    Ok([att, outs[1].clone(), outs[2].clone()])
+}
+
+/// The inputs besides the block pools.
+struct CallInputs {
+    /// `inputs_embeds [1, T, D]`.
+    embeds: Value,
+    /// `cumulative_sequence_length [B + 1]`.
+    cu: Value,
+    /// `past_seqlens [B]`.
+    past: Value,
+    /// `block_table [B, max_blocks]`.
+    table: Value,
+    /// `attention_metadata [2]`.
+    bounds: Value,
+}
+
+/// Declares the inputs of a call (see the module documentation) but the block pools.
+fn call_inputs(g: &mut Graph, e: Emit, d: usize, b: &Dim) -> CallInputs {
+    let embeds = g.input(
+        tensor::INPUTS_EMBEDS,
+        e.act,
+        &[
+            Dim::Fixed(1),
+            Dim::named("total_tokens"),
+            Dim::Fixed(d as i64),
+        ],
+    );
+    let b1 = Dim::named("batch_size_plus_1");
+    let cu = g.input(tensor::CUMULATIVE_SEQUENCE_LENGTH, DType::I32, &[b1]);
+    let past = g.input(tensor::PAST_SEQLENS, DType::I32, std::slice::from_ref(b));
+    let table = g.input(
+        tensor::BLOCK_TABLE,
+        DType::I32,
+        &[b.clone(), Dim::named("max_blocks_per_sequence")],
+    );
+    let bounds = g.input(tensor::ATTENTION_METADATA, DType::I32, &[Dim::Fixed(2)]);
+    CallInputs {
+        embeds,
+        cu,
+        past,
+        table,
+        bounds,
+    }
+}
+
+/// Each sequence's last new token of `x [1, T, D]`: cumulative_sequence_length[1..] − 1,
+/// along T; then [1, B, D] → [B, 1, D], the rows the shared outputs take.
+fn last_tokens(g: &mut Graph, x: &Value, cu: &Value) -> Value {
     let (one, big, zero) = (
         g.const_i64(&[1]),
         g.const_i64(&[i64::MAX]),
         g.const_i64(&[0]),
     );
-    let ends = g.op("Slice", &[&cu, &one, &big, &zero], &[]);
-    let ends = layers::cast(&mut g, &ends, DType::I32, DType::I64);
+    let ends = g.op("Slice", &[cu, &one, &big, &zero], &[]);
+    let ends = layers::cast(g, &ends, DType::I32, DType::I64);
     let last = g.op("Sub", &[&ends, &one], &[]);
-    let x = g.op("Gather", &[&x, &last], &[("axis", Attr::Int(1))]);
-    let x = g.op("Transpose", &[&x], &[("perm", Attr::Ints(vec![1, 0, 2]))]);
-    last_position_outputs(&mut g, e, w, cfg, &x, b)?;
-    g.finish(&[("", e.opset()), ("com.microsoft", 1)], &[])
+    let x = g.op("Gather", &[x, &last], &[("axis", Attr::Int(1))]);
+    g.op("Transpose", &[&x], &[("perm", Attr::Ints(vec![1, 0, 2]))])
 }

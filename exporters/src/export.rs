@@ -267,11 +267,9 @@ fn decoders_to_write(
     Ok(decoders)
 }
 
-/// Runs the export and returns the manifest it wrote.
-pub fn export(
-    opts: &ExportOptions,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Manifest, ExportError> {
+/// Refuses an export of no precision, and an `out` that exists unless `force` is set and it
+/// is an earlier export.
+fn check_out(opts: &ExportOptions) -> Result<(), ExportError> {
     if opts.precisions.is_empty() {
         return Err(ExportError::Invalid("no precision requested".into()));
     }
@@ -299,6 +297,11 @@ pub fn export(
             )));
         }
     }
+    Ok(())
+}
+
+/// `out`'s parent folder (created) and its own name.
+fn out_parent_and_name(opts: &ExportOptions) -> Result<(PathBuf, String), ExportError> {
     let parent = opts
         .out
         .parent()
@@ -311,102 +314,180 @@ pub fn export(
             opts.out.display()
         ))
     })?;
-    remove_stale_partials(parent, &name.to_string_lossy());
-    let tmp_path = parent.join(format!(
-        ".{}.partial-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    Ok((parent.to_path_buf(), name.to_string_lossy().into_owned()))
+}
+
+/// A fresh `.<name>.partial-<pid>` beside `out` with its `onnx/` folder (earlier processes'
+/// partial exports removed), deleted again unless the export completes.
+fn staging_dir(parent: &Path, name: &str) -> Result<TempDir, ExportError> {
+    remove_stale_partials(parent, name);
+    let tmp_path = parent.join(format!(".{name}.partial-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp_path);
     let onnx_dir = tmp_path.join("onnx");
     std::fs::create_dir_all(&onnx_dir).map_err(|e| ExportError::io(&onnx_dir, e))?;
-    let mut tmp = TempDir(tmp_path.clone(), false);
+    Ok(TempDir(tmp_path, false))
+}
 
-    let (cfg, weights, source_files, variant): (
-        ModelConfig,
-        Box<dyn Weights>,
-        Vec<SourceFile>,
-        Variant,
-    ) = if let Some(dummy_name) = opts.checkpoint.strip_prefix("dummy:") {
-        let cfg = dummy::write_files(dummy_name, &tmp_path)?;
+/// What an export reads: the model's configuration, its weights, the checkpoint files it
+/// came from (with their digests) and the model's variant.
+struct Source {
+    cfg: ModelConfig,
+    weights: Box<dyn Weights>,
+    files: Vec<SourceFile>,
+    variant: Variant,
+}
+
+/// Opens `--checkpoint` (a folder, a hub id or `dummy:NAME`), writing its tokenizer and
+/// config files into `tmp_path`.
+fn open_source(opts: &ExportOptions, tmp_path: &Path) -> Result<Source, ExportError> {
+    if let Some(dummy_name) = opts.checkpoint.strip_prefix("dummy:") {
+        let cfg = dummy::write_files(dummy_name, tmp_path)?;
         // The dummy configs are LightOnOCR-2-1B's (or its shapes shrunk).
         let variant = Variant::new(Generation::V2, cfg.text.vocab_size, None, None);
-        (cfg, Box::new(DummyWeights), Vec::new(), variant)
-    } else {
-        let dir = match crate::hub::resolve(&opts.checkpoint) {
-            Some(Ok(dir)) => dir,
-            Some(Err(e)) => {
-                return Err(ExportError::Invalid(format!(
-                    "{}: no such folder; as a hub id, {e}",
-                    opts.checkpoint
-                )))
-            }
-            None => {
-                return Err(ExportError::Invalid(format!(
-                    "{}: checkpoint directory not found (--checkpoint takes a folder, a hub \
-                         id such as lightonai/LightOnOCR-2-1B in the Hugging Face cache, or \
-                         dummy:lightonocr-2-1b)",
-                    opts.checkpoint
-                )))
-            }
-        };
-        if !dir.join("config.json").is_file() {
+        return Ok(Source {
+            cfg,
+            weights: Box::new(DummyWeights),
+            files: Vec::new(),
+            variant,
+        });
+    }
+    let dir = checkpoint_dir(&opts.checkpoint)?;
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let ck = Checkpoint::open(&dir)?;
+    if !dir.join("tokenizer.json").is_file() {
+        return Err(ExportError::Invalid(format!(
+            "{}: tokenizer.json is missing (needed to run the model)",
+            dir.display()
+        )));
+    }
+    let mut files = Vec::new();
+    for f in COPIED_FILES {
+        let src = dir.join(f);
+        if src.is_file() {
+            let dst = tmp_path.join(f);
+            std::fs::copy(&src, &dst).map_err(|e| ExportError::io(&src, e))?;
+            files.push(sha256_file(&src)?);
+        }
+    }
+    for p in ck.files() {
+        files.push(sha256_file(&p)?);
+    }
+    let variant = Variant::detect(&dir, &cfg)?;
+    Ok(Source {
+        cfg,
+        weights: Box::new(ck),
+        files,
+        variant,
+    })
+}
+
+/// The checkpoint folder `checkpoint` names (a folder or a hub id), which has a config.json.
+fn checkpoint_dir(checkpoint: &str) -> Result<PathBuf, ExportError> {
+    let dir = match crate::hub::resolve(checkpoint) {
+        Some(Ok(dir)) => dir,
+        Some(Err(e)) => {
             return Err(ExportError::Invalid(format!(
-                "{}: not a checkpoint (no config.json); --checkpoint takes a LightOnOCR \
-                     checkpoint folder (config.json, model.safetensors or shards, tokenizer.json) \
-                     or dummy:lightonocr-2-1b",
-                dir.display()
-            )));
+                "{checkpoint}: no such folder; as a hub id, {e}"
+            )))
         }
-        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        let ck = Checkpoint::open(&dir)?;
-        if !dir.join("tokenizer.json").is_file() {
+        None => {
             return Err(ExportError::Invalid(format!(
-                "{}: tokenizer.json is missing (needed to run the model)",
-                dir.display()
-            )));
+                "{checkpoint}: checkpoint directory not found (--checkpoint takes a folder, a hub \
+                     id such as lightonai/LightOnOCR-2-1B in the Hugging Face cache, or \
+                     dummy:lightonocr-2-1b)"
+            )))
         }
-        let mut files = Vec::new();
-        for f in COPIED_FILES {
-            let src = dir.join(f);
-            if src.is_file() {
-                let dst = tmp_path.join(f);
-                std::fs::copy(&src, &dst).map_err(|e| ExportError::io(&src, e))?;
-                files.push(sha256_file(&src)?);
-            }
-        }
-        for p in ck.files() {
-            files.push(sha256_file(&p)?);
-        }
-        let variant = Variant::detect(&dir, &cfg)?;
-        (cfg, Box::new(ck), files, variant)
     };
-    crate::processor::complete(&tmp_path, &cfg)?;
-    crate::processor::adapt(&tmp_path)?;
-    check_int4(opts, &cfg)?;
-    let decoders = decoders_to_write(opts, &cfg, progress)?;
+    if !dir.join("config.json").is_file() {
+        return Err(ExportError::Invalid(format!(
+            "{}: not a checkpoint (no config.json); --checkpoint takes a LightOnOCR \
+                 checkpoint folder (config.json, model.safetensors or shards, tokenizer.json) \
+                 or dummy:lightonocr-2-1b",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// The digest of the checkpoint's files: their names and digests in name order.
+fn checkpoint_digest(files: &[SourceFile]) -> String {
     let mut digest = Sha256::new();
-    let mut sorted: Vec<&SourceFile> = source_files.iter().collect();
+    let mut sorted: Vec<&SourceFile> = files.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     for f in sorted {
         digest.update(f.name.as_bytes());
         digest.update(f.sha256.as_bytes());
     }
+    format!("{:x}", digest.finalize())
+}
 
-    let awq_plan = match (&opts.awq, opts.precisions.iter().any(|p| p.is_int4())) {
+/// The AWQ scale search's plan, when activation statistics are given and an int4 precision
+/// is exported.
+fn awq_plan(
+    opts: &ExportOptions,
+    src: &Source,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Option<crate::awq::AwqPlan>, ExportError> {
+    match (&opts.awq, opts.precisions.iter().any(|p| p.is_int4())) {
         (Some(stats), true) => {
             progress(Progress::Begin {
                 part: "awq scale search".into(),
                 steps: 0,
             });
-            let plan = crate::awq::plan(&cfg, weights.as_ref(), stats, opts.int4.block_size)?;
+            let plan =
+                crate::awq::plan(&src.cfg, src.weights.as_ref(), stats, opts.int4.block_size)?;
             progress(Progress::End);
-            Some(plan)
+            Ok(Some(plan))
         }
-        _ => None,
-    };
-    let mut graphs = BTreeMap::new();
-    for &prec in &opts.precisions {
+        _ => Ok(None),
+    }
+}
+
+/// Each precision's graphs by part.
+type Graphs = BTreeMap<Precision, BTreeMap<String, GraphInfo>>;
+
+/// Writes the graphs of one export into its `onnx/` folder.
+struct GraphWriter<'a> {
+    opts: &'a ExportOptions,
+    cfg: &'a ModelConfig,
+    onnx_dir: &'a Path,
+    decoders: &'a [DecoderVariant],
+}
+
+impl GraphWriter<'_> {
+    /// Every precision's graphs; an int4 precision takes its weights through `awq_plan`.
+    fn write_all(
+        &self,
+        weights: &dyn Weights,
+        awq_plan: Option<&crate::awq::AwqPlan>,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Graphs, ExportError> {
+        let mut graphs = BTreeMap::new();
+        for &prec in &self.opts.precisions {
+            let awq_weights =
+                awq_plan
+                    .filter(|_| prec.is_int4())
+                    .map(|plan| crate::awq::AwqWeights {
+                        inner: weights,
+                        plan,
+                    });
+            let w: &dyn Weights = match &awq_weights {
+                Some(a) => a,
+                None => weights,
+            };
+            graphs.insert(prec, self.write_precision(prec, w, progress)?);
+        }
+        Ok(graphs)
+    }
+
+    /// One precision's vision encoder, embeddings and decoders.
+    fn write_precision(
+        &self,
+        prec: Precision,
+        w: &dyn Weights,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<BTreeMap<String, GraphInfo>, ExportError> {
+        let (opts, cfg, onnx_dir) = (self.opts, self.cfg, self.onnx_dir);
         let e = Emit {
             act: prec.dtype(),
             target: opts.target,
@@ -415,27 +496,14 @@ pub fn export(
         };
         let sfx = prec.suffix();
         let mut parts = BTreeMap::new();
-        let awq_weights =
-            awq_plan
-                .as_ref()
-                .filter(|_| prec.is_int4())
-                .map(|plan| crate::awq::AwqWeights {
-                    inner: weights.as_ref(),
-                    plan,
-                });
-        let w: &dyn Weights = match &awq_weights {
-            Some(a) => a,
-            None => weights.as_ref(),
-        };
-
         progress(Progress::Begin {
             part: format!("{}{sfx}", graph::VISION),
             steps: cfg.vision.num_layers as u64,
         });
         let info = vision::build(
-            &onnx_dir,
+            onnx_dir,
             &format!("{}{sfx}", graph::VISION),
-            &cfg,
+            cfg,
             w,
             e,
             &mut || progress(Progress::Step),
@@ -447,37 +515,58 @@ pub fn export(
             part: format!("{}{sfx}", graph::EMBED),
             steps: 0,
         });
-        let info = embed::build(&onnx_dir, &format!("{}{sfx}", graph::EMBED), &cfg, w, e)?;
+        let info = embed::build(onnx_dir, &format!("{}{sfx}", graph::EMBED), cfg, w, e)?;
         progress(Progress::End);
         parts.insert(graph::EMBED.to_string(), info);
 
-        for &dv in &decoders {
+        for &dv in self.decoders {
             let stem = format!("{}{sfx}", dv.stem());
             progress(Progress::Begin {
                 part: stem.clone(),
                 steps: cfg.text.num_layers as u64,
             });
-            let mut step = || progress(Progress::Step);
-            let layout = crate::kv_cache::GqaLayout {
-                kv: opts.kv_cache,
-                layer_scales: &opts.kv_layer_scales,
-                pad_query_heads: opts.pad_query_heads,
-            };
-            let info = match dv {
-                DecoderVariant::Merged => decoder::build(&onnx_dir, &stem, &cfg, w, e, &mut step),
-                DecoderVariant::Gqa => {
-                    crate::decoder_gqa::build(&onnx_dir, &stem, &cfg, w, e, layout, &mut step)
-                }
-                DecoderVariant::Paged => {
-                    crate::decoder_paged::build(&onnx_dir, &stem, &cfg, w, e, layout, &mut step)
-                }
-            }?;
+            let info = self.write_decoder(dv, &stem, w, e, &mut || progress(Progress::Step))?;
             progress(Progress::End);
             parts.insert(dv.part().to_string(), info);
         }
-        graphs.insert(prec, parts);
+        Ok(parts)
     }
 
+    /// One decoder graph, `stem`.onnx.
+    fn write_decoder(
+        &self,
+        dv: DecoderVariant,
+        stem: &str,
+        w: &dyn Weights,
+        e: Emit,
+        step: &mut dyn FnMut(),
+    ) -> Result<GraphInfo, ExportError> {
+        let (opts, cfg, onnx_dir) = (self.opts, self.cfg, self.onnx_dir);
+        let layout = crate::kv_cache::GqaLayout {
+            kv: opts.kv_cache,
+            layer_scales: &opts.kv_layer_scales,
+            pad_query_heads: opts.pad_query_heads,
+        };
+        match dv {
+            DecoderVariant::Merged => decoder::build(onnx_dir, stem, cfg, w, e, step),
+            DecoderVariant::Gqa => {
+                crate::decoder_gqa::build(onnx_dir, stem, cfg, w, e, layout, step)
+            }
+            DecoderVariant::Paged => {
+                crate::decoder_paged::build(onnx_dir, stem, cfg, w, e, layout, step)
+            }
+        }
+    }
+}
+
+/// The manifest of an export of `src` with these graphs (its `files` still empty).
+fn manifest_for(
+    opts: &ExportOptions,
+    src: Source,
+    checkpoint_digest: String,
+    awq_plan: Option<crate::awq::AwqPlan>,
+    graphs: Graphs,
+) -> Manifest {
     let target_opset = crate::layers::Emit {
         act: DType::F32,
         target: opts.target,
@@ -485,13 +574,13 @@ pub fn export(
         calibrate: false,
     }
     .opset();
-    let manifest = Manifest {
+    Manifest {
         format: "ocrctl-export/1".into(),
         ocrctl_version: env!("CARGO_PKG_VERSION").into(),
         source: opts.checkpoint.clone(),
-        source_dtype: weights.source_dtype(),
-        source_files,
-        checkpoint_digest: format!("{:x}", digest.finalize()),
+        source_dtype: src.weights.source_dtype(),
+        source_files: src.files,
+        checkpoint_digest,
         target: opts.target,
         ir_version: crate::graph::ir_version_for(&[("", target_opset)]),
         opset: target_opset,
@@ -502,40 +591,78 @@ pub fn export(
             .any(|p| p.is_int4())
             .then_some(opts.int4),
         awq: awq_plan.map(|p| p.choices),
-        model: cfg,
-        variant: Some(variant),
+        model: src.cfg,
+        variant: Some(src.variant),
         graphs,
         files: Vec::new(),
         kv_cache: opts.kv_cache,
         kv_layer_scales: opts.kv_layer_scales.clone(),
         engines: BTreeMap::new(),
-    };
+    }
+}
+
+/// Adapts the processor config to the graphs, lists every file's digest in the manifest and
+/// writes it into `tmp_path`.
+fn write_manifest(tmp_path: &Path, mut manifest: Manifest) -> Result<Manifest, ExportError> {
     let all: Vec<(Precision, &GraphInfo)> = manifest
         .graphs
         .iter()
         .flat_map(|(p, parts)| parts.values().map(move |g| (*p, g)))
         .collect();
-    crate::processor::adapt_config(&tmp_path, manifest.model.image_token_id, &all)?;
-    let mut manifest = manifest;
-    manifest.files = crate::verify::digest_tree(&tmp_path, MANIFEST)?;
+    crate::processor::adapt_config(tmp_path, manifest.model.image_token_id, &all)?;
+    manifest.files = crate::verify::digest_tree(tmp_path, MANIFEST)?;
     let mpath = tmp_path.join(MANIFEST);
     let text = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
     std::fs::write(&mpath, text).map_err(|e| ExportError::io(&mpath, e))?;
+    Ok(manifest)
+}
 
-    // Swap into place: the old export (with --force) is removed only after the new one is in.
-    let old = parent.join(format!(
-        ".{}.old-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+/// Renames the finished export to `out`: the old export (with --force) is removed only after
+/// the new one is in.
+fn swap_into_place(
+    opts: &ExportOptions,
+    parent: &Path,
+    name: &str,
+    tmp: &mut TempDir,
+) -> Result<(), ExportError> {
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
     let had_old = opts.out.exists();
     if had_old {
         std::fs::rename(&opts.out, &old).map_err(|e| ExportError::io(&opts.out, e))?;
     }
-    std::fs::rename(&tmp_path, &opts.out).map_err(|e| ExportError::io(&opts.out, e))?;
+    std::fs::rename(&tmp.0, &opts.out).map_err(|e| ExportError::io(&opts.out, e))?;
     tmp.1 = true;
     if had_old {
         let _ = std::fs::remove_dir_all(&old);
     }
+    Ok(())
+}
+
+/// Runs the export and returns the manifest it wrote.
+pub fn export(
+    opts: &ExportOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Manifest, ExportError> {
+    check_out(opts)?;
+    let (parent, name) = out_parent_and_name(opts)?;
+    let mut tmp = staging_dir(&parent, &name)?;
+    let tmp_path = tmp.0.clone();
+    let src = open_source(opts, &tmp_path)?;
+    crate::processor::complete(&tmp_path, &src.cfg)?;
+    crate::processor::adapt(&tmp_path)?;
+    check_int4(opts, &src.cfg)?;
+    let decoders = decoders_to_write(opts, &src.cfg, progress)?;
+    let digest = checkpoint_digest(&src.files);
+    let awq_plan = awq_plan(opts, &src, progress)?;
+    let writer = GraphWriter {
+        opts,
+        cfg: &src.cfg,
+        onnx_dir: &tmp_path.join("onnx"),
+        decoders: &decoders,
+    };
+    let graphs = writer.write_all(src.weights.as_ref(), awq_plan.as_ref(), progress)?;
+    let manifest = manifest_for(opts, src, digest, awq_plan, graphs);
+    let manifest = write_manifest(&tmp_path, manifest)?;
+    swap_into_place(opts, &parent, &name, &mut tmp)?;
     Ok(manifest)
 }

@@ -6,7 +6,7 @@
 //! `GroupQueryAttention` takes an 8-bit cache (`T_CACHE` int8 or float8e4m3fn, attributes
 //! `k_quant_type`/`v_quant_type`/`kv_cache_bit_width`, inputs `k_scale`/`v_scale`); checked
 //! against its CUDA kernel (`contrib_ops/cuda/bert/group_query_attention.cc`) and measured on
-//! the H200 with `scripts/gpu/gpu_kv_quant_probe.py`:
+//! the H200 with `docs/benchmarks/2026-12-03-kv-cache/gpu_kv_quant_probe.py`:
 //!
 //! - A decode step reads the quantized cache without dequantizing it only through XQA, and
 //!   XQA's 8-bit path takes 4, 8, 16 or 32 query heads per KV head, one scale per tensor, and

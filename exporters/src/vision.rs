@@ -14,7 +14,7 @@
 //! against the reference like every graph.
 
 use crate::checkpoint::Weights;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, VisionConfig};
 use crate::contract::tensor;
 use crate::graph::{Attr, DType, Dim, Graph, Value};
 use crate::layers::{self, Emit, Target};
@@ -263,20 +263,9 @@ fn attention(
     layers::linear(g, e, w, &a, &name, d, inner)
 }
 
-/// Builds `<dir>/<stem>.onnx`. `step` is called once per transformer layer.
-pub fn build(
-    dir: &std::path::Path,
-    stem: &str,
-    cfg: &ModelConfig,
-    w: &dyn Weights,
-    e: Emit,
-    step: &mut dyn FnMut(),
-) -> Result<crate::graph::GraphInfo, ExportError> {
-    let v = &cfg.vision;
-    let d = v.hidden_size;
-    let p = v.patch_size;
-    let mut g = Graph::create(dir, stem)?;
-    // float32 in every precision (the onnx-community contract); 16-bit graphs cast inside.
+/// The `pixel_values [1, C, H, W]` input, float32 in every precision (the onnx-community
+/// contract), cast to the activation type.
+fn pixel_input(g: &mut Graph, e: Emit, v: &VisionConfig) -> Value {
     let pix = g.input(
         tensor::PIXEL_VALUES,
         DType::F32,
@@ -287,9 +276,19 @@ pub fn build(
             Dim::named("width"),
         ],
     );
-    let pix = layers::cast(&mut g, &pix, DType::F32, e.act);
+    layers::cast(g, &pix, DType::F32, e.act)
+}
 
-    // Patch embedding: Conv(kernel = stride = patch), no bias → [1, D, h, w].
+/// The patches of `pix`: Conv(kernel = stride = patch), no bias, flattened to `[1, N, D]`,
+/// with the patch grid's height and width (1-D shapes).
+fn patch_embedding(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    v: &VisionConfig,
+    pix: &Value,
+) -> Result<(Value, Value, Value), ExportError> {
+    let (d, p) = (v.hidden_size, v.patch_size);
     let conv_w = w.get(
         &format!("{ENCODER}.patch_conv.weight"),
         &[d, v.num_channels, p, p],
@@ -302,7 +301,7 @@ pub fn build(
     )?;
     let conv = g.op(
         "Conv",
-        &[&pix, &conv_w],
+        &[pix, &conv_w],
         &[
             ("kernel_shape", Attr::Ints(vec![p as i64, p as i64])),
             ("strides", Attr::Ints(vec![p as i64, p as i64])),
@@ -320,54 +319,74 @@ pub fn build(
     );
     let flat_shape = g.const_i64(&[1, d as i64, -1]);
     let x = g.op("Reshape", &[&conv, &flat_shape], &[]);
-    let mut x = g.op("Transpose", &[&x], &[("perm", Attr::Ints(vec![0, 2, 1]))]);
+    let x = g.op("Transpose", &[&x], &[("perm", Attr::Ints(vec![0, 2, 1]))]);
+    Ok((x, h, wd))
+}
 
+/// Transformer layer `i` on the residual stream `x` plus the previous layer's `pending`
+/// branch output: the new residual stream and this layer's MLP output, not yet added.
+#[allow(clippy::too_many_arguments)]
+fn vision_layer(
+    g: &mut Graph,
+    e: Emit,
+    w: &dyn Weights,
+    v: &VisionConfig,
+    i: usize,
+    x: &Value,
+    pending: Option<&Value>,
+    rope: &Rope,
+) -> Result<(Value, Value), ExportError> {
+    let d = v.hidden_size;
+    let pre = format!("{ENCODER}.transformer.layers.{i}");
+    let norm = format!("{pre}.attention_norm.weight");
+    let eps = v.rms_norm_eps;
+    let (hn, x) = layers::add_rms_norm(g, e, w, x, pending, &norm, d, eps)?;
+    let a = attention(g, e, w, v, &pre, &hn, rope)?;
+    let norm = format!("{pre}.ffn_norm.weight");
+    let (hn, x1) = layers::add_rms_norm(g, e, w, &x, Some(&a), &norm, d, eps)?;
+    let m = layers::gated_mlp(
+        g,
+        e,
+        w,
+        &hn,
+        &format!("{pre}.feed_forward"),
+        d,
+        v.intermediate_size,
+        &v.hidden_act,
+        false,
+    )?;
+    Ok((x1, m))
+}
+
+/// Builds `<dir>/<stem>.onnx`. `step` is called once per transformer layer.
+pub fn build(
+    dir: &std::path::Path,
+    stem: &str,
+    cfg: &ModelConfig,
+    w: &dyn Weights,
+    e: Emit,
+    step: &mut dyn FnMut(),
+) -> Result<crate::graph::GraphInfo, ExportError> {
+    let v = &cfg.vision;
+    let mut g = Graph::create(dir, stem)?;
+    let pix = pixel_input(&mut g, e, v);
+    let (x, h, wd) = patch_embedding(&mut g, e, w, v, &pix)?;
     // Position ids row·max_side + col, row-major over the patch grid.
     let max_side = v.max_patches_per_side();
     let rope = rope_inputs(&mut g, e, v, max_side, &h, &wd)?;
-
-    x = layers::rms_norm(
-        &mut g,
-        e,
-        w,
-        &x,
-        &format!("{ENCODER}.ln_pre.weight"),
-        d,
-        v.rms_norm_eps,
-    )?;
+    let ln_pre = format!("{ENCODER}.ln_pre.weight");
+    let mut x = layers::rms_norm(&mut g, e, w, &x, &ln_pre, v.hidden_size, v.rms_norm_eps)?;
     // The branch output not yet added to the residual stream: added by the next norm
     // (`add_rms_norm`), so that sum and norm are one node for ONNX Runtime.
     let mut pending: Option<Value> = None;
     for i in 0..v.num_layers {
-        let pre = format!("{ENCODER}.transformer.layers.{i}");
-        let (nx, m) = g.scoped(
-            &format!("vision.layers.{i}"),
-            |g| -> Result<(Value, Value), ExportError> {
-                let norm = format!("{pre}.attention_norm.weight");
-                let eps = v.rms_norm_eps;
-                let (hn, x) = layers::add_rms_norm(g, e, w, &x, pending.as_ref(), &norm, d, eps)?;
-                let a = attention(g, e, w, v, &pre, &hn, &rope)?;
-                let norm = format!("{pre}.ffn_norm.weight");
-                let (hn, x1) = layers::add_rms_norm(g, e, w, &x, Some(&a), &norm, d, eps)?;
-                let m = layers::gated_mlp(
-                    g,
-                    e,
-                    w,
-                    &hn,
-                    &format!("{pre}.feed_forward"),
-                    d,
-                    v.intermediate_size,
-                    &v.hidden_act,
-                    false,
-                )?;
-                Ok((x1, m))
-            },
-        )?;
+        let (nx, m) = g.scoped(&format!("vision.layers.{i}"), |g| {
+            vision_layer(g, e, w, v, i, &x, pending.as_ref(), &rope)
+        })?;
         x = nx;
         pending = Some(m);
         step();
     }
-
     let feats = g.scoped("projector", |g| {
         projector(g, e, cfg, w, &x, pending.as_ref(), &h, &wd)
     })?;

@@ -11,13 +11,36 @@ The parity tests substitute Pillow's pixels the same way. Used by scripts/gpu/gp
 Usage: python3 scripts/gpu/golden_images.py OUT_DIR
 """
 
+import json
 import os
 import shutil
 import struct
 import sys
 import zlib
 
-from gpu_conv_algo_probe import GOLDEN, read_safetensors
+import numpy as np
+
+GOLDEN = "tests/fixtures/tiny-lightonocr/golden/golden.safetensors"
+DTYPES = {"F32": np.float32, "U8": np.uint8}
+
+
+def read_safetensors(path):
+    """{name: array} of a safetensors file (the format's 8-byte header length, JSON, data).
+
+    Read by hand: the GPU machine's Python has numpy but not necessarily the `safetensors`
+    package, and it cannot install one (no network)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__" or t["dtype"] not in DTYPES:
+            continue
+        a, b = t["data_offsets"]
+        out[name] = np.frombuffer(data[a:b], DTYPES[t["dtype"]]).reshape(t["shape"])
+    return out
+
 
 IMAGES = os.path.join(os.path.dirname(GOLDEN), "..", "images")
 

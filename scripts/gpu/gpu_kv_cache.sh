@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # An 8-bit KV cache (`ocrctl export --kv-cache fp8|int8`) on the GPU machine (device tool).
 # Steps (STEP, in order; each adds its files to $OUT/results.tgz):
-#   probe    scripts/gpu/gpu_kv_quant_probe.py: one GroupQueryAttention node, fp16 / int8 / fp8
+#   probe    docs/benchmarks/2026-12-03-kv-cache/gpu_kv_quant_probe.py: one GroupQueryAttention node, fp16 / int8 / fp8
 #            caches with and without padded query heads (kernel choice, error, time).
 #   fixture  the fixture (fp16 graphs, CUDA, greedy, 40 tokens past EOS, top-5 logprobs)
 #            against the transformers goldens: the fp16 cache, then fp8, then int8 at
@@ -49,7 +49,7 @@ for step in ${STEP:-probe fixture sweep}; do
   echo "=== $step"
   case $step in
   probe)
-    PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_kv_quant_probe.py 1,128,256 2>&1 \
+    PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-03-kv-cache/gpu_kv_quant_probe.py 1,128,256 2>&1 \
       | grep -v Warning | tee "$R/probe.txt"
     ;;
   fixture)
@@ -102,7 +102,7 @@ for step in ${STEP:-probe fixture sweep}; do
     # Does a CUDA graph capture change the attention kernel of an 8-bit cache? The probe's
     # node with its decode steps captured (GRAPH=1), then the fp8 export's short sweep at
     # batch 256 with CUDA graphs off and on (NEW_TOKENS 64 here).
-    GRAPH=1 CTX=2173 PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_kv_quant_probe.py 1,256 2>&1 \
+    GRAPH=1 CTX=2173 PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-03-kv-cache/gpu_kv_quant_probe.py 1,256 2>&1 \
       | grep -v Warning | tee "$R/probe-graph.txt"
     export_fp8
     for g in off on; do
@@ -128,11 +128,11 @@ for step in ${STEP:-probe fixture sweep}; do
     done
     ;;
   decoder)
-    # The exported decoders' decode steps outside ocrctl (scripts/gpu/gpu_kv_decoder_probe.py),
+    # The exported decoders' decode steps outside ocrctl (docs/benchmarks/2026-12-03-kv-cache/gpu_kv_decoder_probe.py),
     # fp8 cache against fp16, to tell a slow graph from a slow binding.
     export_fp8
     export_with b "$BIN"
-    PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_kv_decoder_probe.py 1,64,256 /tmp/dummy-fp8 \
+    PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-03-kv-cache/gpu_kv_decoder_probe.py 1,64,256 /tmp/dummy-fp8 \
       /tmp/dummy-b 2>&1 | grep -v Warning | tee "$R/decoder-probe.txt"
     ;;
   check)
@@ -144,17 +144,17 @@ for step in ${STEP:-probe fixture sweep}; do
     for m in fp8 b; do
       for off in "" GroupQueryAttentionPreNormFusion; do
         echo "${off:-all optimizations}: $(DISABLE=$off PYTHONPATH=/opt/ortgpu python3 \
-          scripts/gpu/gpu_kv_decoder_probe.py 64 /tmp/dummy-$m 2>&1 | grep -v Warning | tail -1)"
+          docs/benchmarks/2026-12-03-kv-cache/gpu_kv_decoder_probe.py 64 /tmp/dummy-$m 2>&1 | grep -v Warning | tail -1)"
       done
     done | tee "$R/check.txt"
     ;;
   bisect)
     # The exported fp8 decoder's first attention node alone, in variants
-    # (scripts/gpu/gpu_kv_node_bisect.py), and the whole decoder with basic optimizations only.
+    # (docs/benchmarks/2026-12-03-kv-cache/gpu_kv_node_bisect.py), and the whole decoder with basic optimizations only.
     export_fp8
-    PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_kv_node_bisect.py 64 /tmp/dummy-fp8 2>&1 \
+    PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-03-kv-cache/gpu_kv_node_bisect.py 64 /tmp/dummy-fp8 2>&1 \
       | grep -v Warning | tee "$R/bisect.txt"
-    OPT=basic PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_kv_decoder_probe.py 64 /tmp/dummy-fp8 \
+    OPT=basic PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-03-kv-cache/gpu_kv_decoder_probe.py 64 /tmp/dummy-fp8 \
       2>&1 | grep -v Warning | tee -a "$R/bisect.txt"
     ;;
   race)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paged decoder on the GPU machine, in one call (after the carrying recipe of
 # ../shared/GPU.md; BIN, the build under test, as scripts/gpu/gpu_env.sh sets it):
-#  1. ONNX Runtime's PagedAttention alone at LightOnOCR's shape (scripts/gpu/gpu_paged_probe.py):
+#  1. ONNX Runtime's PagedAttention alone at LightOnOCR's shape (docs/benchmarks/2026-12-05-h200/gpu_paged_probe.py):
 #     mixed prefill/decode calls against numpy, fp16 and fp8 caches, CUDA graph replay after
 #     growth, decode and prefill time against GQA slots;
 #  2. the fixture's paged decoder against its GQA decoder on CUDA (scripts/check_paged.py),
@@ -16,7 +16,7 @@ set -uo pipefail
 results_dir
 STEPS=" ${STEPS:-probe check bench} "
 if [[ $STEPS == *" probe "* ]]; then
-  PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_paged_probe.py 2>&1 | tee "$R/probe.txt"
+  PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-05-h200/gpu_paged_probe.py 2>&1 | tee "$R/probe.txt"
   pack_results
 fi
 if [[ $STEPS == *" check "* ]]; then

@@ -22,10 +22,10 @@ use anyhow::Context;
 use clap::Args;
 use ocrctl::generation::engine::{Engine, Event, GenRequest};
 use ocrctl::generation::generate::prompt_embeds;
-use ocrctl::generation::pipeline::synthetic_page;
-use ocrctl::generation::sampling::{SamplingOverrides, SamplingParams};
+use ocrctl::generation::pipeline::{synthetic_page, PagePipeline, PreparedPage};
+use ocrctl::generation::sampling::{SamplingError, SamplingOverrides, SamplingParams};
 use ocrctl::runtime::backend::Backend;
-use ocrctl::runtime::ortmodel::{KvPath, OrtModel};
+use ocrctl::runtime::ortmodel::{KvPath, LoadOptions, OrtModel};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -127,9 +127,13 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// Runs the benchmark and prints the table (or JSON).
-pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
-    // The sweep's requests: greedy unless --temperature, seeded so that runs repeat.
+/// A sampling error as the flag that set it (`--top-p: ...`).
+fn flag_error(e: SamplingError) -> anyhow::Error {
+    anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-"))
+}
+
+/// The sweep's requests: greedy unless --temperature, seeded so that runs repeat.
+fn sweep_params(a: &BenchArgs) -> anyhow::Result<SamplingParams> {
     let params = SamplingOverrides {
         temperature: Some(a.temperature),
         top_p: Some(a.top_p),
@@ -144,79 +148,89 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         loop_guard: None,
     }
     .apply(&SamplingParams::greedy());
-    params
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
-    let (mut opts, _profile, export) = a.rt.open(&a.model)?;
-    opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
-    let cfg = export.config().clone();
-    params
-        .check_vocab(cfg.text.vocab_size)
-        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.param().replace('_', "-")))?;
-    let pipeline = ocrctl::generation::pipeline::PagePipeline::new(export.clone())?;
-    if opts.max_sequence_length == 0 {
-        // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
-        let mut longest = 0;
+    params.validate().map_err(flag_error)?;
+    Ok(params)
+}
+
+/// The loaded model and what every phase of the benchmark shares.
+struct Bench {
+    engine: Engine<OrtModel>,
+    pipeline: PagePipeline,
+    gpu: GpuMonitor,
+    opts: LoadOptions,
+    image_token_id: u32,
+    /// Seconds `OrtModel::open` took.
+    load_s: f64,
+}
+
+impl Bench {
+    /// Opens the export with room for the largest batch and the longest page.
+    fn load(a: &BenchArgs, params: &SamplingParams) -> anyhow::Result<Bench> {
+        let (mut opts, _profile, export) = a.rt.open(&a.model)?;
+        opts.kv_slots = a.batch_sizes.iter().copied().max().unwrap_or(1).max(1);
+        let cfg = export.config().clone();
+        params
+            .check_vocab(cfg.text.vocab_size)
+            .map_err(flag_error)?;
+        let pipeline = PagePipeline::new(export.clone())?;
+        if opts.max_sequence_length == 0 {
+            // A GQA decoder's cache needs the longest page's prompt plus the new tokens.
+            let mut longest = 0;
+            for s in &a.sizes {
+                let (w, h) = parse_size("--sizes", s)?;
+                longest = longest.max(pipeline.prepare(&synthetic_page(w, h))?.prompt_ids.len());
+            }
+            opts.max_sequence_length = longest + a.new_tokens + 1;
+        }
+        let t0 = Instant::now();
+        let mut model = OrtModel::open(&export, &opts)?;
+        let load_s = t0.elapsed().as_secs_f64();
+        model.set_kv_path(match a.kv_path {
+            KvPathArg::Bound => KvPath::Bound,
+            KvPathArg::Host => KvPath::Host,
+        });
+        let mut gpu = GpuMonitor::new(
+            model.decoder_provider().is_gpu(),
+            opts.providers.device_id.max(0) as usize,
+        );
+        gpu.poll();
+        Ok(Bench {
+            engine: Engine::new(model, 1, cfg.image_token_id),
+            pipeline,
+            gpu,
+            opts,
+            image_token_id: cfg.image_token_id,
+            load_s,
+        })
+    }
+
+    /// The phase timings of every `--sizes` page, one row each.
+    fn phase_rows(&mut self, a: &BenchArgs) -> anyhow::Result<Vec<Value>> {
+        let mut rows = Vec::new();
         for s in &a.sizes {
             let (w, h) = parse_size("--sizes", s)?;
-            longest = longest.max(pipeline.prepare(&synthetic_page(w, h))?.prompt_ids.len());
+            let p = self.pipeline.prepare(&synthetic_page(w, h))?;
+            rows.push(self.phase_row(a, &p)?);
         }
-        opts.max_sequence_length = longest + a.new_tokens + 1;
+        Ok(rows)
     }
-    let precision = opts.precision;
-    let t0 = Instant::now();
-    let mut model = OrtModel::open(&export, &opts)?;
-    let load_s = t0.elapsed().as_secs_f64();
-    model.set_kv_path(match a.kv_path {
-        KvPathArg::Bound => KvPath::Bound,
-        KvPathArg::Host => KvPath::Host,
-    });
-    let mut gpu = GpuMonitor::new(
-        model.decoder_provider().is_gpu(),
-        opts.providers.device_id.max(0) as usize,
-    );
-    gpu.poll();
-    let mut engine = Engine::new(model, 1, cfg.image_token_id);
-    let model = &mut engine.backend;
-    let mut rows = Vec::new();
-    for s in &a.sizes {
-        let (w, h) = parse_size("--sizes", s)?;
-        let p = pipeline.prepare(&synthetic_page(w, h))?;
-        let ids = &p.prompt_ids;
+
+    /// One page size: a warm-up run, then `--runs` timed ones, reported as medians.
+    fn phase_row(&mut self, a: &BenchArgs, p: &PreparedPage) -> anyhow::Result<Value> {
         let (mut vis, mut pf, mut pe, mut dec) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut row_gpu = GpuPeak::default();
         // The warm-up run's vision and prefill: what the first page of a new size costs
         // (kernel plans and algorithm searches made for each new shape).
         let mut first = (0.0, 0.0);
         for run in 0..=a.runs {
-            let t = Instant::now();
-            let feats = model.encode_image(&p.pixel_values)?;
-            let v_ms = t.elapsed().as_secs_f64() * 1e3;
-            row_gpu.merge(&gpu.poll());
-            // The prefill in its two halves: the prompt's embeddings with the image features
-            // merged (host side), then the decoder over the prompt.
-            let t = Instant::now();
-            let e = prompt_embeds(|x| model.embed(x), ids, cfg.image_token_id, &[feats])?;
-            let e_ms = t.elapsed().as_secs_f64() * 1e3;
-            let (mut logits, mut cache) = model.forward(e, None)?;
-            let p_ms = t.elapsed().as_secs_f64() * 1e3;
-            row_gpu.merge(&gpu.poll());
-            let t = Instant::now();
-            for _ in 0..a.new_tokens {
-                let next = ocrctl::generation::generate::argmax_and_top_k(&logits, 0).0;
-                let e = model.embed(&[next])?;
-                (logits, cache) = model.forward(e, Some(cache))?;
-            }
-            let d_s = t.elapsed().as_secs_f64();
-            row_gpu.merge(&gpu.poll());
-            drop(cache);
+            let t = self.time_phases(p, a.new_tokens, &mut row_gpu)?;
             if run == 0 {
-                first = (v_ms, p_ms);
+                first = (t.vision_ms, t.prefill_ms);
             } else {
-                vis.push(v_ms);
-                pf.push(p_ms);
-                pe.push(e_ms);
-                dec.push(a.new_tokens as f64 / d_s);
+                vis.push(t.vision_ms);
+                pf.push(t.prefill_ms);
+                pe.push(t.embed_ms);
+                dec.push(a.new_tokens as f64 / t.decode_s);
             }
         }
         let (v, pr) = (median(&mut vis), median(&mut pf));
@@ -227,10 +241,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             p.width,
             p.height
         );
-        rows.push(json!({
+        Ok(json!({
             "size": format!("{}x{}", p.width, p.height),
             "image_tokens": p.image_tokens,
-            "prompt_tokens": ids.len(),
+            "prompt_tokens": p.prompt_ids.len(),
             "vision_ms": v,
             "prefill_ms": pr,
             "prefill_embed_ms": median(&mut pe),
@@ -240,101 +254,197 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             "decode_tokens_per_s": d,
             "runs": a.runs,
             "gpu_process_mib": row_gpu.process_mib,
-        }));
+        }))
     }
-    // Throughput: B identical pages through the engine at once, fixed new tokens each.
-    let mut sweep = Vec::new();
-    if let Some(first) = a.sizes.first() {
-        let (w, h) = parse_size("--sizes", first)?;
-        let page = pipeline.prepare(&synthetic_page(w, h))?;
-        for &b in &a.batch_sizes {
-            engine.max_batch = b.max(1);
-            let n = b.max(1) * a.pages_per_slot as usize;
-            let req = GenRequest {
-                stop_ids: vec![],
-                ignore_eos: true,
-                logprobs: a.top_logprobs > 0,
-                top_logprobs: a.top_logprobs,
-                ..pipeline.request_with(page.clone(), params.clone(), a.new_tokens)
-            };
-            let before = engine.backend.kv_stats().clone();
-            let t = Instant::now();
-            let mut decode_start: Option<Instant> = None;
-            let mut decode_tokens = 0usize;
-            let mut seen_first = 0usize;
-            let results = engine.run(std::iter::repeat_n(req, n), &mut |ev| {
-                if let Event::Token { .. } = ev {
-                    seen_first += 1;
-                    if seen_first == b.max(1) {
-                        decode_start = Some(Instant::now());
-                    } else if decode_start.is_some() {
-                        decode_tokens += 1;
-                    }
-                }
-            });
-            let total = t.elapsed().as_secs_f64();
-            if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
-                anyhow::bail!("batch {b}: {e}");
-            }
-            let dec_s = decode_start.map_or(f64::NAN, |d| d.elapsed().as_secs_f64());
-            let g = gpu.poll();
-            tracing::info!(
-                "bench batch {b}: {n} pages in {total:.2} s ({:.3} pages/s, decode {:.0} \
-                 tokens/s)",
-                n as f64 / total,
-                decode_tokens as f64 / dec_s
-            );
-            let after = engine.backend.kv_stats();
-            let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 * 1e-9;
-            sweep.push(json!({
-                // Where decode steps spent their time: embedding the tokens, the decoder run
-                // (logits to the host included), copying the logits out (GQA decoder only);
-                // the rest of `seconds` is prefills and the engine's own work (sampling).
-                "step_embed_s": secs(after.step_embed_ns, before.step_embed_ns),
-                "step_decoder_run_s": secs(after.step_run_ns, before.step_run_ns),
-                "step_logits_s": secs(after.step_logits_ns, before.step_logits_ns),
-                "batch": b,
-                "pages": n,
-                "size": format!("{}x{}", page.width, page.height),
-                "seconds": total,
-                "pages_per_s": n as f64 / total,
-                "tokens_per_s": (n * a.new_tokens) as f64 / total,
-                "decode_tokens_per_s": decode_tokens as f64 / dec_s,
-                "gpu_process_mib": g.process_mib,
-            }));
+
+    /// One run of page `p`: vision, prefill, then `new_tokens` greedy steps with every
+    /// step's logits on the host; the GPU is polled after each phase, outside its span.
+    fn time_phases(
+        &mut self,
+        p: &PreparedPage,
+        new_tokens: usize,
+        row_gpu: &mut GpuPeak,
+    ) -> anyhow::Result<PhaseTimes> {
+        let model = &mut self.engine.backend;
+        let t = Instant::now();
+        let feats = model.encode_image(&p.pixel_values)?;
+        let vision_ms = t.elapsed().as_secs_f64() * 1e3;
+        row_gpu.merge(&self.gpu.poll());
+        // The prefill in its two halves: the prompt's embeddings with the image features
+        // merged (host side), then the decoder over the prompt.
+        let t = Instant::now();
+        let e = prompt_embeds(
+            |x| model.embed(x),
+            &p.prompt_ids,
+            self.image_token_id,
+            &[feats],
+        )?;
+        let embed_ms = t.elapsed().as_secs_f64() * 1e3;
+        let (mut logits, mut cache) = model.forward(e, None)?;
+        let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+        row_gpu.merge(&self.gpu.poll());
+        let t = Instant::now();
+        for _ in 0..new_tokens {
+            let next = ocrctl::generation::generate::argmax_and_top_k(&logits, 0).0;
+            let e = model.embed(&[next])?;
+            (logits, cache) = model.forward(e, Some(cache))?;
         }
+        let decode_s = t.elapsed().as_secs_f64();
+        row_gpu.merge(&self.gpu.poll());
+        drop(cache);
+        Ok(PhaseTimes {
+            vision_ms,
+            embed_ms,
+            prefill_ms,
+            decode_s,
+        })
     }
-    let out = json!({
-        "model": a.model.display().to_string(),
-        "precision": precision.name(),
-        "new_tokens": a.new_tokens,
-        "temperature": a.temperature,
-        "top_p": a.top_p,
-        "top_k": a.top_k,
-        "repetition_penalty": a.repetition_penalty,
-        "presence_penalty": a.presence_penalty,
-        "frequency_penalty": a.frequency_penalty,
-        "logit_bias": params.logit_bias,
-        "top_logprobs": a.top_logprobs,
-        "threads": opts.threads,
-        "load_s": load_s,
-        "peak_rss_mib": peak_rss_mib(),
-        "provider": engine.backend.decoder_provider().name(),
-        "decoder": engine.backend.decoder_variant().part(),
-        "vision_stage": engine.vision.is_some(),
-        "vision_pixels": engine.backend.vision_pixels(),
-        "prefill_stage": engine.vision.as_ref().is_some_and(|v| v.prefills()),
-        "kv_cache": engine.backend.kv_slots().map(|(s, p)| json!({"sequences": s, "positions": p})),
-        "gpu_memory": gpu.total.json(),
-        "kv": kv_json(&engine.backend),
-        "engine": {
-            "decode_steps": engine.stats.steps,
-            "overlapped_steps": engine.stats.overlapped_steps,
-            "preemptions": engine.stats.preemptions,
-        },
-        "results": rows,
-        "batch_sweep": sweep,
-    });
+
+    /// Throughput: B identical pages through the engine at once, fixed new tokens each,
+    /// for every `--batch-sizes` B (pages of the first size).
+    fn batch_sweep(
+        &mut self,
+        a: &BenchArgs,
+        params: &SamplingParams,
+    ) -> anyhow::Result<Vec<Value>> {
+        let mut sweep = Vec::new();
+        if let Some(first) = a.sizes.first() {
+            let (w, h) = parse_size("--sizes", first)?;
+            let page = self.pipeline.prepare(&synthetic_page(w, h))?;
+            for &b in &a.batch_sizes {
+                sweep.push(self.sweep_point(a, params, &page, b)?);
+            }
+        }
+        Ok(sweep)
+    }
+
+    /// One sweep point: `b × --pages-per-slot` pages at batch `b`.
+    fn sweep_point(
+        &mut self,
+        a: &BenchArgs,
+        params: &SamplingParams,
+        page: &PreparedPage,
+        b: usize,
+    ) -> anyhow::Result<Value> {
+        let engine = &mut self.engine;
+        engine.max_batch = b.max(1);
+        let n = b.max(1) * a.pages_per_slot as usize;
+        let req = GenRequest {
+            stop_ids: vec![],
+            ignore_eos: true,
+            logprobs: a.top_logprobs > 0,
+            top_logprobs: a.top_logprobs,
+            ..self
+                .pipeline
+                .request_with(page.clone(), params.clone(), a.new_tokens)
+        };
+        let before = engine.backend.kv_stats().clone();
+        let t = Instant::now();
+        let mut decode_start: Option<Instant> = None;
+        let mut decode_tokens = 0usize;
+        let mut seen_first = 0usize;
+        let results = engine.run(std::iter::repeat_n(req, n), &mut |ev| {
+            if let Event::Token { .. } = ev {
+                seen_first += 1;
+                if seen_first == b.max(1) {
+                    decode_start = Some(Instant::now());
+                } else if decode_start.is_some() {
+                    decode_tokens += 1;
+                }
+            }
+        });
+        let total = t.elapsed().as_secs_f64();
+        if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
+            anyhow::bail!("batch {b}: {e}");
+        }
+        let dec_s = decode_start.map_or(f64::NAN, |d| d.elapsed().as_secs_f64());
+        let g = self.gpu.poll();
+        tracing::info!(
+            "bench batch {b}: {n} pages in {total:.2} s ({:.3} pages/s, decode {:.0} \
+             tokens/s)",
+            n as f64 / total,
+            decode_tokens as f64 / dec_s
+        );
+        let after = engine.backend.kv_stats();
+        let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 * 1e-9;
+        Ok(json!({
+            // Where decode steps spent their time: embedding the tokens, the decoder run
+            // (logits to the host included), copying the logits out (GQA decoder only);
+            // the rest of `seconds` is prefills and the engine's own work (sampling).
+            "step_embed_s": secs(after.step_embed_ns, before.step_embed_ns),
+            "step_decoder_run_s": secs(after.step_run_ns, before.step_run_ns),
+            "step_logits_s": secs(after.step_logits_ns, before.step_logits_ns),
+            "batch": b,
+            "pages": n,
+            "size": format!("{}x{}", page.width, page.height),
+            "seconds": total,
+            "pages_per_s": n as f64 / total,
+            "tokens_per_s": (n * a.new_tokens) as f64 / total,
+            "decode_tokens_per_s": decode_tokens as f64 / dec_s,
+            "gpu_process_mib": g.process_mib,
+        }))
+    }
+
+    /// The JSON report: the settings, the model's paths and counters, the rows and the sweep.
+    fn report(
+        &self,
+        a: &BenchArgs,
+        params: &SamplingParams,
+        rows: Vec<Value>,
+        sweep: Vec<Value>,
+    ) -> Value {
+        let engine = &self.engine;
+        json!({
+            "model": a.model.display().to_string(),
+            "precision": self.opts.precision.name(),
+            "new_tokens": a.new_tokens,
+            "temperature": a.temperature,
+            "top_p": a.top_p,
+            "top_k": a.top_k,
+            "repetition_penalty": a.repetition_penalty,
+            "presence_penalty": a.presence_penalty,
+            "frequency_penalty": a.frequency_penalty,
+            "logit_bias": params.logit_bias,
+            "top_logprobs": a.top_logprobs,
+            "threads": self.opts.threads,
+            "load_s": self.load_s,
+            "peak_rss_mib": peak_rss_mib(),
+            "provider": engine.backend.decoder_provider().name(),
+            "decoder": engine.backend.decoder_variant().part(),
+            "vision_stage": engine.vision.is_some(),
+            "vision_pixels": engine.backend.vision_pixels(),
+            "prefill_stage": engine.vision.as_ref().is_some_and(|v| v.prefills()),
+            "kv_cache": engine.backend.kv_slots().map(|(s, p)| json!({"sequences": s, "positions": p})),
+            "gpu_memory": self.gpu.total.json(),
+            "kv": kv_json(&engine.backend),
+            "engine": {
+                "decode_steps": engine.stats.steps,
+                "overlapped_steps": engine.stats.overlapped_steps,
+                "preemptions": engine.stats.preemptions,
+            },
+            "results": rows,
+            "batch_sweep": sweep,
+        })
+    }
+}
+
+/// One timed run's phases.
+struct PhaseTimes {
+    vision_ms: f64,
+    /// The prefill's host half: the prompt's embeddings with the image features merged.
+    embed_ms: f64,
+    /// The whole prefill, `embed_ms` included.
+    prefill_ms: f64,
+    decode_s: f64,
+}
+
+/// Runs the benchmark and prints the table (or JSON).
+pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let params = sweep_params(&a)?;
+    let mut bench = Bench::load(&a, &params)?;
+    let rows = bench.phase_rows(&a)?;
+    let sweep = bench.batch_sweep(&a, &params)?;
+    let out = bench.report(&a, &params, rows, sweep);
     if let Some(p) = &a.json_out {
         std::fs::write(p, format!("{out:#}\n"))
             .with_context(|| format!("--json-out {}", p.display()))?;
@@ -369,9 +479,22 @@ fn mib(v: &serde_json::Value) -> String {
     v.as_f64().map_or("-".into(), |x| format!("{x:.0}"))
 }
 
+/// A JSON number, NaN when absent.
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
 /// The human-readable report of `ocrctl bench`'s JSON.
-fn print_table(out: &serde_json::Value) {
-    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+fn print_table(out: &Value) {
+    print_model_line(out);
+    print_sweep_settings(out);
+    print_kv_line(&out["kv"]);
+    print_phase_table(out);
+    print_sweep_table(out);
+}
+
+/// The model, its load time and memory peaks.
+fn print_model_line(out: &Value) {
     println!(
         "model {} ({}, {}, {}{}, {} pixels), load {:.1}s, peak RSS {:.0} MiB",
         out["model"].as_str().unwrap_or(""),
@@ -384,8 +507,8 @@ fn print_table(out: &serde_json::Value) {
             _ => "",
         },
         out["vision_pixels"].as_str().unwrap_or("lent"),
-        f(&out["load_s"]),
-        f(&out["peak_rss_mib"]),
+        num(&out["load_s"]),
+        num(&out["peak_rss_mib"]),
     );
     let g = &out["gpu_memory"];
     if !g.is_null() {
@@ -396,7 +519,10 @@ fn print_table(out: &serde_json::Value) {
             mib(&g["total_mib"]),
         );
     }
-    let kv = &out["kv"];
+}
+
+/// The sweep's sampling, when it is not plain greedy decoding.
+fn print_sweep_settings(out: &Value) {
     let penalty = out["repetition_penalty"].as_f64().unwrap_or(1.0);
     let top_logprobs = out["top_logprobs"].as_u64().unwrap_or(0);
     let (pres, freq) = (
@@ -410,9 +536,13 @@ fn print_table(out: &serde_json::Value) {
             "sweep at temperature {} top-p {} top-k {} penalties repetition {penalty} presence \
              {pres} frequency {freq}, {biases} logit biases, top log-probabilities \
              {top_logprobs}: {} rows needed full logits after the device's candidates",
-            out["temperature"], out["top_p"], out["top_k"], kv["step_logits_fallbacks"]
+            out["temperature"], out["top_p"], out["top_k"], out["kv"]["step_logits_fallbacks"]
         );
     }
+}
+
+/// Where the KV cache lived and how decoder runs moved it.
+fn print_kv_line(kv: &Value) {
     println!(
         "KV cache: {} path, in {} memory ({} bound / {} host decoder runs, {} repacks){}",
         kv["path"].as_str().unwrap_or(""),
@@ -424,6 +554,10 @@ fn print_table(out: &serde_json::Value) {
             .as_str()
             .map_or(String::new(), |e| format!("; fell back to host: {e}")),
     );
+}
+
+/// One line per page size: its phases.
+fn print_phase_table(out: &Value) {
     println!(
         "{:>10} {:>7} {:>11} {:>11} {:>10} {:>10} {:>11} {:>12} {:>8}",
         "size",
@@ -441,15 +575,19 @@ fn print_table(out: &serde_json::Value) {
             "{:>10} {:>7} {:>11.1} {:>11.1} {:>10.1} {:>10.1} {:>11.1} {:>12.2} {:>8}",
             r["size"].as_str().unwrap_or(""),
             r["image_tokens"].to_string(),
-            f(&r["vision_ms"]),
-            f(&r["prefill_ms"]),
-            f(&r["prefill_embed_ms"]),
-            f(&r["ttft_ms"]),
-            f(&r["first_vision_ms"]) + f(&r["first_prefill_ms"]),
-            f(&r["decode_tokens_per_s"]),
+            num(&r["vision_ms"]),
+            num(&r["prefill_ms"]),
+            num(&r["prefill_embed_ms"]),
+            num(&r["ttft_ms"]),
+            num(&r["first_vision_ms"]) + num(&r["first_prefill_ms"]),
+            num(&r["decode_tokens_per_s"]),
             mib(&r["gpu_process_mib"]),
         );
     }
+}
+
+/// One line per batch size of the throughput sweep.
+fn print_sweep_table(out: &Value) {
     println!(
         "{:>6} {:>6} {:>10} {:>9} {:>9} {:>10} {:>16} {:>8}",
         "batch", "pages", "size", "seconds", "pages/s", "tokens/s", "decode tokens/s", "GPU MiB"
@@ -460,10 +598,10 @@ fn print_table(out: &serde_json::Value) {
             r["batch"].to_string(),
             r["pages"].to_string(),
             r["size"].as_str().unwrap_or(""),
-            f(&r["seconds"]),
-            f(&r["pages_per_s"]),
-            f(&r["tokens_per_s"]),
-            f(&r["decode_tokens_per_s"]),
+            num(&r["seconds"]),
+            num(&r["pages_per_s"]),
+            num(&r["tokens_per_s"]),
+            num(&r["decode_tokens_per_s"]),
             mib(&r["gpu_process_mib"]),
         );
     }

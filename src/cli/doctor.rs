@@ -100,10 +100,9 @@ fn trt_rtx_status(env: &ort::environment::Environment) -> String {
     }
 }
 
-/// Prints the report; fails when no ONNX Runtime library can be loaded.
-pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
-    let mut ok = true;
-    let env = match ortlib::environment(a.ort_lib.as_deref()) {
+/// The ONNX Runtime line; the environment when the library loads.
+fn report_ort(a: &DoctorArgs) -> Option<ort::environment::Environment> {
+    match ortlib::environment(a.ort_lib.as_deref()) {
         Ok((path, env)) => {
             let v = ortlib::version_of(path)
                 .map(|(a, b, c)| format!("{a}.{b}.{c}"))
@@ -113,51 +112,60 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => {
             println!("ONNX Runtime   NOT AVAILABLE: {e}");
-            ok = false;
             None
         }
-    };
-    if let Some(env) = &env {
-        for p in [Provider::TensorRt, Provider::Cuda, Provider::Cpu] {
-            let status = if !compiled_in(p) {
-                "not in this build".to_string()
-            } else if p == Provider::Cpu {
-                "available".to_string()
-            } else {
-                match starts(env, p) {
-                    Ok(()) => "starts".to_string(),
-                    Err(e) => {
-                        let first = e.lines().next().unwrap_or("");
-                        match ocrctl::runtime::cudalibs::hint(&e) {
-                            Some(h) => format!("in this build, but does not start: {h} ({first})"),
-                            None => format!("in this build, but does not start: {first}"),
-                        }
-                    }
+    }
+}
+
+/// Whether provider `p` is in this build and starts.
+fn provider_status(env: &ort::environment::Environment, p: Provider) -> String {
+    if !compiled_in(p) {
+        "not in this build".to_string()
+    } else if p == Provider::Cpu {
+        "available".to_string()
+    } else {
+        match starts(env, p) {
+            Ok(()) => "starts".to_string(),
+            Err(e) => {
+                let first = e.lines().next().unwrap_or("");
+                match ocrctl::runtime::cudalibs::hint(&e) {
+                    Some(h) => format!("in this build, but does not start: {h} ({first})"),
+                    None => format!("in this build, but does not start: {first}"),
                 }
-            };
-            println!("provider       {:<9} {status}", p.name());
-        }
-        println!("provider       tensorrt-rtx {}", trt_rtx_status(env));
-        match ocrctl::runtime::trtrtx::build::python() {
-            Ok((py, v)) => println!(
-                "TRT-RTX build  TensorRT-RTX {v} builder ({}): ocrctl build-engines works here",
-                py.display()
-            ),
-            Err(e) => println!("TRT-RTX build  not available: {e}"),
-        }
-        if compiled_in(Provider::Cuda) {
-            if let Some(lib) = ortlib::loaded_library() {
-                println!(
-                    "CUDA libraries {}",
-                    ocrctl::runtime::cudalibs::preload(lib).summary()
-                );
-            }
-            match ocrctl::runtime::cudalibs::driver() {
-                Ok(()) => println!("NVIDIA driver  libcuda.so.1 found"),
-                Err(e) => println!("NVIDIA driver  not found ({e})"),
             }
         }
     }
+}
+
+/// The execution providers, TensorRT-RTX's builder, the CUDA libraries and the driver.
+fn report_providers(env: &ort::environment::Environment) {
+    for p in [Provider::TensorRt, Provider::Cuda, Provider::Cpu] {
+        println!("provider       {:<9} {}", p.name(), provider_status(env, p));
+    }
+    println!("provider       tensorrt-rtx {}", trt_rtx_status(env));
+    match ocrctl::runtime::trtrtx::build::python() {
+        Ok((py, v)) => println!(
+            "TRT-RTX build  TensorRT-RTX {v} builder ({}): ocrctl build-engines works here",
+            py.display()
+        ),
+        Err(e) => println!("TRT-RTX build  not available: {e}"),
+    }
+    if compiled_in(Provider::Cuda) {
+        if let Some(lib) = ortlib::loaded_library() {
+            println!(
+                "CUDA libraries {}",
+                ocrctl::runtime::cudalibs::preload(lib).summary()
+            );
+        }
+        match ocrctl::runtime::cudalibs::driver() {
+            Ok(()) => println!("NVIDIA driver  libcuda.so.1 found"),
+            Err(e) => println!("NVIDIA driver  not found ({e})"),
+        }
+    }
+}
+
+/// The pdfium line (optional: PDFs only).
+fn report_pdfium() {
     match ocrctl::documents::pdf::find_library(None, "PDF input") {
         Ok(path) => println!(
             "pdfium         {} (version {})",
@@ -166,21 +174,15 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
         ),
         Err(e) => println!("pdfium         NOT AVAILABLE (needed for PDFs only): {e}"),
     }
-    if let Some(dir) = &a.model {
-        match model_line(dir) {
-            Ok(line) => println!("model          {line}"),
-            Err(e) => {
-                println!("model          NOT USABLE: {e}");
-                ok = false;
-            }
-        }
-    }
-    let gpus = gpus();
+}
+
+/// One line per GPU, with the 8-bit KV caches (`export --kv-cache`) it decodes at full
+/// speed.
+fn report_gpus(gpus: &[(String, u64)]) {
     if gpus.is_empty() {
         println!("GPU            none found (nvidia-smi missing or no NVIDIA GPU)");
     }
     for (i, (name, mib)) in gpus.iter().enumerate() {
-        // Which 8-bit KV caches (`export --kv-cache`) this GPU decodes at full speed.
         let cc = match ocrctl::runtime::gpumem::compute_capability(i) {
             Some(cc) => {
                 let fast = ocrctl::runtime::ortmodel::fast_8bit_caches(cc);
@@ -197,6 +199,10 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
         };
         println!("GPU            {name}, {:.1} GiB{cc}", *mib as f64 / 1024.0);
     }
+}
+
+/// The host's memory and cores, and which built-in profiles fit this machine.
+fn report_host_and_profiles(gpus: &[(String, u64)]) {
     let host = ocrctl::profile::host_memory_bytes();
     if let Some(h) = host {
         println!(
@@ -225,6 +231,28 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
         );
     }
     println!("(exact budgets: ocrctl profiles check NAME --model DIR)");
+}
+
+/// Prints the report; fails when no ONNX Runtime library can be loaded.
+pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let env = report_ort(&a);
+    let mut ok = env.is_some();
+    if let Some(env) = &env {
+        report_providers(env);
+    }
+    report_pdfium();
+    if let Some(dir) = &a.model {
+        match model_line(dir) {
+            Ok(line) => println!("model          {line}"),
+            Err(e) => {
+                println!("model          NOT USABLE: {e}");
+                ok = false;
+            }
+        }
+    }
+    let gpus = gpus();
+    report_gpus(&gpus);
+    report_host_and_profiles(&gpus);
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

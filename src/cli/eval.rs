@@ -109,18 +109,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| path.display().to_string())?;
         rows.push((path.display().to_string(), r));
     }
-    let n = rows.len() as f64;
-    let mean = |f: &dyn Fn(&ImageEval) -> f64| rows.iter().map(|(_, r)| f(r)).sum::<f64>() / n;
-    let summary = json!({
-        "images": rows.len(),
-        "steps": a.steps,
-        "first_token_agreement": mean(&|r| r.first_token_agrees as u8 as f64),
-        "top1_agreement": mean(&|r| r.top1_agreement),
-        "mean_kl": mean(&|r| r.mean_kl),
-        "mean_greedy_agreement": mean(&|r| r.greedy_agreement as f64),
-        "mean_feature_cosine": mean(&|r| r.feature_cosine),
-        "min_feature_cosine": rows.iter().map(|(_, r)| r.feature_cosine).fold(f64::INFINITY, f64::min),
-    });
+    let summary = summary(&rows, a.steps);
     if a.json {
         let per: Vec<_> = rows
             .iter()
@@ -131,39 +120,60 @@ pub fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             json!({"reference": a.reference_precision, "candidate": a.candidate_precision, "summary": summary, "images": per})
         );
     } else {
-        // The image column is as wide as the longest path, so long names stay aligned.
-        let w = rows
-            .iter()
-            .map(|(f, _)| f.chars().count())
-            .max()
-            .unwrap_or(0)
-            .max(8);
-        println!(
-            "{:<w$} {:>6} {:>8} {:>10} {:>7} {:>9}",
-            "image", "first", "top1", "mean KL", "greedy", "cosine"
-        );
-        for (f, r) in &rows {
-            println!(
-                "{:<w$} {:>6} {:>7.1}% {:>10.5} {:>7} {:>9.6}",
-                f,
-                r.first_token_agrees,
-                100.0 * r.top1_agreement,
-                r.mean_kl,
-                r.greedy_agreement,
-                r.feature_cosine
-            );
-        }
-        let f = |k: &str| summary[k].as_f64().unwrap_or(0.0);
-        println!(
-            "{:<w$} {:>5.0}% {:>7.1}% {:>10.5} {:>7.1} {:>9.6}",
-            "mean",
-            100.0 * f("first_token_agreement"),
-            100.0 * f("top1_agreement"),
-            f("mean_kl"),
-            f("mean_greedy_agreement"),
-            f("mean_feature_cosine")
-        );
-        println!("{:<w$} {:>44.6}", "min", f("min_feature_cosine"));
+        print_table(&rows, &summary);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The means over the images (and the lowest feature cosine).
+fn summary(rows: &[(String, ImageEval)], steps: usize) -> serde_json::Value {
+    let n = rows.len() as f64;
+    let mean = |f: &dyn Fn(&ImageEval) -> f64| rows.iter().map(|(_, r)| f(r)).sum::<f64>() / n;
+    json!({
+        "images": rows.len(),
+        "steps": steps,
+        "first_token_agreement": mean(&|r| r.first_token_agrees as u8 as f64),
+        "top1_agreement": mean(&|r| r.top1_agreement),
+        "mean_kl": mean(&|r| r.mean_kl),
+        "mean_greedy_agreement": mean(&|r| r.greedy_agreement as f64),
+        "mean_feature_cosine": mean(&|r| r.feature_cosine),
+        "min_feature_cosine": rows.iter().map(|(_, r)| r.feature_cosine).fold(f64::INFINITY, f64::min),
+    })
+}
+
+/// One line per image, then the mean and the lowest cosine.
+fn print_table(rows: &[(String, ImageEval)], summary: &serde_json::Value) {
+    // The image column is as wide as the longest path, so long names stay aligned.
+    let w = rows
+        .iter()
+        .map(|(f, _)| f.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    println!(
+        "{:<w$} {:>6} {:>8} {:>10} {:>7} {:>9}",
+        "image", "first", "top1", "mean KL", "greedy", "cosine"
+    );
+    for (f, r) in rows {
+        println!(
+            "{:<w$} {:>6} {:>7.1}% {:>10.5} {:>7} {:>9.6}",
+            f,
+            r.first_token_agrees,
+            100.0 * r.top1_agreement,
+            r.mean_kl,
+            r.greedy_agreement,
+            r.feature_cosine
+        );
+    }
+    let f = |k: &str| summary[k].as_f64().unwrap_or(0.0);
+    println!(
+        "{:<w$} {:>5.0}% {:>7.1}% {:>10.5} {:>7.1} {:>9.6}",
+        "mean",
+        100.0 * f("first_token_agreement"),
+        100.0 * f("top1_agreement"),
+        f("mean_kl"),
+        f("mean_greedy_agreement"),
+        f("mean_feature_cosine")
+    );
+    println!("{:<w$} {:>44.6}", "min", f("min_feature_cosine"));
 }

@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ocrctl::quality::calibrate;
 use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
 use ocrctl_exporters::export::{
-    export, DecoderVariant, ExportOptions, Precision, Progress, DEFAULT_ACCURACY_LEVEL,
+    export, DecoderVariant, ExportOptions, Manifest, Precision, Progress, DEFAULT_ACCURACY_LEVEL,
     DEFAULT_BLOCK_SIZE,
 };
 use ocrctl_exporters::kv_cache::KvCache;
@@ -171,8 +171,9 @@ fn parse_target(s: &str) -> Result<Target, String> {
     }
 }
 
-/// Runs the export and prints a summary of what was written.
-pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
+/// `--precision`'s precisions, each once; INT4 settings without an INT4 precision would be
+/// ignored: said instead.
+fn precisions(a: &ExportArgs) -> anyhow::Result<Vec<Precision>> {
     let mut precisions = Vec::new();
     for p in &a.precision {
         let p = Precision::parse(p.trim()).context("--precision")?;
@@ -180,7 +181,6 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             precisions.push(p);
         }
     }
-    // INT4 settings without an INT4 precision would be ignored: say so instead.
     if !precisions.iter().any(|p| p.is_int4()) {
         for (given, flag) in [
             (a.block_size.is_some(), "--block-size"),
@@ -194,12 +194,18 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    // A hub id not in the cache is downloaded before anything is written.
-    crate::cli::hub_fetch::ensure_cached(&a.checkpoint)?;
-    let kv_from_calibration =
-        a.calibrate.is_some() && a.kv_scale.is_none() && KvCache::is_8bit_kind(&a.kv_cache);
-    let opts = ExportOptions {
-        checkpoint: a.checkpoint,
+    Ok(precisions)
+}
+
+/// The library's export options from the flags; an 8-bit cache whose scale `--calibrate`
+/// measures (`kv_from_calibration`) is set by [`apply_calibration`].
+fn export_options(
+    a: &ExportArgs,
+    precisions: Vec<Precision>,
+    kv_from_calibration: bool,
+) -> anyhow::Result<ExportOptions> {
+    Ok(ExportOptions {
+        checkpoint: a.checkpoint.clone(),
         out: a.out.clone(),
         precisions,
         target: a.target,
@@ -221,45 +227,56 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             (true, Target::Ort) => vec![DecoderVariant::Gqa],
             _ => Vec::new(),
         },
-        // An 8-bit cache without --kv-scale takes its scale from --calibrate (set below).
+        // An 8-bit cache without --kv-scale takes its scale from --calibrate (set later).
         kv_cache: match kv_from_calibration {
             true => KvCache::Activation,
             false => KvCache::parse(&a.kv_cache, a.kv_scale)?,
         },
         pad_query_heads: false,
         kv_layer_scales: Vec::new(),
-    };
-    let start = Instant::now();
-    let mut opts = opts;
-    if let Some(dir) = &a.calibrate {
-        let c = calibrate(&opts, dir, a.ort_lib.clone(), kv_from_calibration)?;
-        if opts.precisions.iter().any(|p| p.is_int4()) {
-            opts.awq = Some(c.stats);
-        }
-        if kv_from_calibration {
-            // One scale per layer (each node has its own scale tensor); the manifest's
-            // `kv_cache` holds the largest, for people and the profile budget.
-            let largest = c.kv_absmax.iter().fold(0f32, |a, b| a.max(*b));
-            opts.kv_cache = KvCache::calibrated(&a.kv_cache, largest)?;
-            let top = opts
-                .kv_cache
-                .largest_stored()
-                .expect("a calibrated cache is 8-bit");
-            // A layer that measured nothing gets 0, which the export refuses naming the layer.
-            opts.kv_layer_scales = c.kv_absmax.iter().map(|m| m / top).collect();
-            eprintln!(
-                "KV cache: {:?}, per layer {:?} (largest |key| or |value| over the calibration \
-                 pages' prompts and {} generated tokens: {largest})",
-                opts.kv_cache, opts.kv_layer_scales, c.kv_decoded_tokens
-            );
-        }
+    })
+}
+
+/// Runs `--calibrate` over the images in `dir`: AWQ statistics for the int4 precisions, and
+/// the KV cache's scales when `kv_from_calibration`.
+fn apply_calibration(
+    opts: &mut ExportOptions,
+    a: &ExportArgs,
+    dir: &std::path::Path,
+    kv_from_calibration: bool,
+) -> anyhow::Result<()> {
+    let c = calibrate(opts, dir, a.ort_lib.clone(), kv_from_calibration)?;
+    if opts.precisions.iter().any(|p| p.is_int4()) {
+        opts.awq = Some(c.stats);
     }
+    if kv_from_calibration {
+        // One scale per layer (each node has its own scale tensor); the manifest's
+        // `kv_cache` holds the largest, for people and the profile budget.
+        let largest = c.kv_absmax.iter().fold(0f32, |a, b| a.max(*b));
+        opts.kv_cache = KvCache::calibrated(&a.kv_cache, largest)?;
+        let top = opts
+            .kv_cache
+            .largest_stored()
+            .expect("a calibrated cache is 8-bit");
+        // A layer that measured nothing gets 0, which the export refuses naming the layer.
+        opts.kv_layer_scales = c.kv_absmax.iter().map(|m| m / top).collect();
+        eprintln!(
+            "KV cache: {:?}, per layer {:?} (largest |key| or |value| over the calibration \
+             pages' prompts and {} generated tokens: {largest})",
+            opts.kv_cache, opts.kv_layer_scales, c.kv_decoded_tokens
+        );
+    }
+    Ok(())
+}
+
+/// Runs the export with a progress bar per graph.
+fn export_with_progress(opts: &ExportOptions) -> anyhow::Result<Manifest> {
     let style =
         ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} layers {elapsed}")
             .expect("valid template")
             .progress_chars("=> ");
     let mut bar: Option<ProgressBar> = None;
-    let manifest = export(&opts, &mut |ev| match ev {
+    Ok(export(opts, &mut |ev| match ev {
         Progress::Begin { part, steps } => {
             let b = ProgressBar::new(steps)
                 .with_style(style.clone())
@@ -280,7 +297,11 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             "note: no {} decoder written: it {reason}; the merged decoder runs this model",
             decoder.name()
         ),
-    })?;
+    })?)
+}
+
+/// One line per graph written (precision, file, MB), then the total.
+fn print_summary(out: &std::path::Path, manifest: &Manifest, start: Instant) {
     let mut total = 0u64;
     // Columns as wide as their longest entry, so long names keep the table aligned.
     let pw = manifest
@@ -297,7 +318,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(0);
     for (prec, parts) in &manifest.graphs {
         for info in parts.values() {
-            let onnx = a.out.join("onnx").join(&info.file);
+            let onnx = out.join("onnx").join(&info.file);
             let size = std::fs::metadata(&onnx).map(|m| m.len()).unwrap_or(0) + info.data_bytes;
             total += size;
             println!(
@@ -317,9 +338,25 @@ pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
             .map(|p| p.name())
             .collect::<Vec<_>>()
             .join(","),
-        a.out.display(),
+        out.display(),
         start.elapsed().as_secs_f64(),
         total as f64 / 1e6
     );
+}
+
+/// Runs the export and prints a summary of what was written.
+pub fn run(a: ExportArgs) -> anyhow::Result<ExitCode> {
+    let precisions = precisions(&a)?;
+    // A hub id not in the cache is downloaded before anything is written.
+    crate::cli::hub_fetch::ensure_cached(&a.checkpoint)?;
+    let kv_from_calibration =
+        a.calibrate.is_some() && a.kv_scale.is_none() && KvCache::is_8bit_kind(&a.kv_cache);
+    let mut opts = export_options(&a, precisions, kv_from_calibration)?;
+    let start = Instant::now();
+    if let Some(dir) = &a.calibrate {
+        apply_calibration(&mut opts, &a, dir, kv_from_calibration)?;
+    }
+    let manifest = export_with_progress(&opts)?;
+    print_summary(&a.out, &manifest, start);
     Ok(ExitCode::SUCCESS)
 }

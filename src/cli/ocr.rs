@@ -15,7 +15,7 @@
 //! runs one engine per device, each taking the next page when it has room.
 
 use crate::cli::ocr_open;
-use crate::cli::ocr_outcome::Fallback;
+use crate::cli::ocr_outcome::{Failures, Fallback};
 use crate::cli::ocr_output::{page_rate, FailurePolicy, Mode, Output, PageResult, TextLayer};
 use anyhow::Context;
 use clap::Args;
@@ -221,16 +221,15 @@ fn sampling(a: &OcrArgs, pipeline: &PagePipeline) -> anyhow::Result<SamplingPara
     params.map_err(|e| anyhow::anyhow!("--{}", e.to_string().replace('_', "-")))
 }
 
-/// Runs OCR over all inputs; returns exit code 2 if any input, document or page failed.
-pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
-    // A wrong --model is named before anything else reads from it.
-    let (opts, profile, export) = a.rt.open(&a.model)?;
-    // The same defaults as `serve`: the model's generation_config.json, flags override.
-    let pipeline = PagePipeline::new(export.clone())?;
-    let params = sampling(&a, &pipeline)?;
+/// The batch size and the new tokens per page: the flags, else the profile's; the tokens
+/// within the profile's limit.
+fn batch_and_tokens(
+    a: &OcrArgs,
+    profile: Option<&ocrctl::profile::Profile>,
+) -> anyhow::Result<(usize, usize)> {
     let batch_size = a
         .batch_size
-        .or(profile.as_ref().map(|p| p.max_batch_size as usize))
+        .or(profile.map(|p| p.max_batch_size as usize))
         .unwrap_or(1);
     if batch_size == 0 {
         anyhow::bail!("--batch-size must be at least 1");
@@ -240,9 +239,9 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     }
     let max_tokens = a
         .max_tokens
-        .or(profile.as_ref().map(|p| p.default_max_new_tokens as usize))
+        .or(profile.map(|p| p.default_max_new_tokens as usize))
         .unwrap_or(1024);
-    if let Some(p) = &profile {
+    if let Some(p) = profile {
         if max_tokens > p.max_new_tokens_limit as usize {
             anyhow::bail!(
                 "--max-tokens {max_tokens} exceeds the profile's max_new_tokens_limit ({})",
@@ -250,15 +249,11 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
-    }
-    let post = a
-        .post
-        .resolve(a.out.as_deref(), a.pdfium_lib.clone(), a.max_pixels)?;
-    let (docs, open_failed, skipped, not_read) = ocr_open::open_documents(&a)?;
-    let open_failed_n = open_failed.rows.len();
-    let total_pages: usize = docs.iter().map(Document::pages).sum();
+    Ok((batch_size, max_tokens))
+}
+
+/// The writer of `docs`' results in the mode the flags ask for.
+fn output_for<'d>(a: &OcrArgs, docs: &'d [Document], max_tokens: usize) -> Output<'d> {
     let mode = match (&a.out, a.json) {
         (Some(dir), _) => Mode::Markdown(dir.clone()),
         (None, true) => Mode::Json,
@@ -270,25 +265,24 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
     };
     let text_layer = (a.outcome.fallback == Fallback::Text)
         .then(|| TextLayer::new(a.pdf.reader(a.pdfium_lib.clone())));
-    let out = Mutex::new(Output::new(
-        &docs,
-        mode,
-        a.quiet,
-        failure_policy,
-        text_layer,
-    ));
-    if total_pages > 0 {
-        let mut opts = opts;
-        opts.kv_slots = batch_size;
-        let engines = engine_options(&a.devices, &opts)?;
-        run_pages(
-            &a, &docs, &out, &params, batch_size, max_tokens, engines, pipeline, post,
-        )?;
-    }
-    let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    Output::new(docs, mode, a.quiet, failure_policy, text_layer)
+}
+
+/// What was read before the pages ran: documents opened, pages, and the inputs skipped
+/// (`--resume`) or not read (neither images nor PDFs).
+struct Inputs {
+    docs: usize,
+    pages: usize,
+    skipped: usize,
+    not_read: usize,
+}
+
+/// Closes the output, lists the failed inputs under `--out` and prints what ran and how
+/// fast (always, a single image too); the exit code.
+fn finish(a: &OcrArgs, mut out: Output<'_>, mut failures: Failures, n: Inputs) -> ExitCode {
     let secs = out.close();
-    let failed = open_failed_n + out.failed_docs;
-    let mut failures = open_failed;
+    let failed = failures.rows.len() + out.failed_docs;
+    let open_failed_n = failures.rows.len();
     failures.rows.append(&mut out.failures.rows);
     if let Some(dir) = &a.out {
         match failures.write(dir, a.shard) {
@@ -297,26 +291,64 @@ pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
             Err(e) => eprintln!("error: {e}"),
         }
     }
-    // Always, a single image too: what ran and how fast.
-    let mut skipped = if skipped > 0 {
-        format!(", {skipped} skipped (--resume)")
+    let mut skipped = if n.skipped > 0 {
+        format!(", {} skipped (--resume)", n.skipped)
     } else {
         String::new()
     };
-    if not_read > 0 {
+    if n.not_read > 0 {
         let why = if a.recursive { "" } else { " or subfolders" };
-        skipped += &format!(", {not_read} folder entries skipped (not images or PDFs{why})");
+        skipped += &format!(
+            ", {} folder entries skipped (not images or PDFs{why})",
+            n.not_read
+        );
     }
     eprintln!(
-        "{} document(s), {total_pages} page(s), {failed} failed{skipped}; pages: {}; {} \
+        "{} document(s), {} page(s), {failed} failed{skipped}; pages: {}; {} \
          tokens in {secs:.1}s ({}, {:.1} tokens/s)",
-        docs.len() + open_failed_n,
+        n.docs + open_failed_n,
+        n.pages,
         out.page_summary(),
         out.tokens,
         page_rate(out.pages_ok, secs),
         out.tokens as f64 / secs
     );
-    Ok(failures.exit_code())
+    failures.exit_code()
+}
+
+/// Runs OCR over all inputs; returns exit code 2 if any input, document or page failed.
+pub fn run(a: OcrArgs) -> anyhow::Result<ExitCode> {
+    // A wrong --model is named before anything else reads from it.
+    let (opts, profile, export) = a.rt.open(&a.model)?;
+    // The same defaults as `serve`: the model's generation_config.json, flags override.
+    let pipeline = PagePipeline::new(export.clone())?;
+    let params = sampling(&a, &pipeline)?;
+    let (batch_size, max_tokens) = batch_and_tokens(&a, profile.as_ref())?;
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))?;
+    }
+    let post = a
+        .post
+        .resolve(a.out.as_deref(), a.pdfium_lib.clone(), a.max_pixels)?;
+    let (docs, open_failed, skipped, not_read) = ocr_open::open_documents(&a)?;
+    let total_pages: usize = docs.iter().map(Document::pages).sum();
+    let out = Mutex::new(output_for(&a, &docs, max_tokens));
+    if total_pages > 0 {
+        let mut opts = opts;
+        opts.kv_slots = batch_size;
+        let engines = engine_options(&a.devices, &opts)?;
+        run_pages(
+            &a, &docs, &out, &params, batch_size, max_tokens, engines, pipeline, post,
+        )?;
+    }
+    let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    let inputs = Inputs {
+        docs: docs.len(),
+        pages: total_pages,
+        skipped,
+        not_read,
+    };
+    Ok(finish(&a, out, open_failed, inputs))
 }
 
 /// What the engine threads of one run share: the pages still to read (taken in input order
@@ -375,21 +407,7 @@ fn run_pages<'a, 'd>(
             .into_iter()
             .map(|(label, opts)| {
                 let pages = &pages;
-                s.spawn(move || -> anyhow::Result<()> {
-                    let model = OrtModel::open(pages.pipeline.export(), &opts)
-                        .with_context(|| format!("loading the model on {label}"));
-                    let model = match model {
-                        Ok(m) => m,
-                        Err(e) if n > 1 => {
-                            let e = crate::cli::common::describe(&e);
-                            eprintln!("error: {e}; the other engines read the pages");
-                            return Err(anyhow::anyhow!(e));
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    pages.run_engine(model, batch_size);
-                    Ok(())
-                })
+                s.spawn(move || pages.load_and_run(&label, &opts, n, batch_size))
             })
             .collect();
         handles
@@ -421,6 +439,31 @@ fn run_pages<'a, 'd>(
 }
 
 impl<'d, I: Iterator<Item = (usize, (usize, usize))>> Pages<'_, 'd, I> {
+    /// Loads the model with `opts` (on device `label`, one of `engines`) and reads pages with
+    /// it until none is left. A failed load is said at once when other engines read the
+    /// pages.
+    fn load_and_run(
+        &self,
+        label: &str,
+        opts: &ocrctl::runtime::ortmodel::LoadOptions,
+        engines: usize,
+        batch_size: usize,
+    ) -> anyhow::Result<()> {
+        let model = OrtModel::open(self.pipeline.export(), opts)
+            .with_context(|| format!("loading the model on {label}"));
+        let model = match model {
+            Ok(m) => m,
+            Err(e) if engines > 1 => {
+                let e = crate::cli::common::describe(&e);
+                eprintln!("error: {e}; the other engines read the pages");
+                return Err(anyhow::anyhow!(e));
+            }
+            Err(e) => return Err(e),
+        };
+        self.run_engine(model, batch_size);
+        Ok(())
+    }
+
     /// The next page as a request: loaded and preprocessed when the engine admits it. A page
     /// that fails is reported and skipped.
     fn next_request(&self) -> Option<(Meta, GenRequest)> {

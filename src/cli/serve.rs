@@ -15,11 +15,13 @@
 use anyhow::Context;
 use clap::Args;
 use ocrctl::generation::engine::{Engine, GenRequest};
+use ocrctl::generation::pipeline::PagePipeline;
 use ocrctl::generation::sampling::LoopGuard;
 use ocrctl::model::export::Export;
 use ocrctl::model::preprocess::DEFAULT_MAX_PIXELS;
+use ocrctl::profile::Profile;
 use ocrctl::runtime::devices::{self, Device};
-use ocrctl::runtime::ortmodel::OrtModel;
+use ocrctl::runtime::ortmodel::{LoadOptions, OrtModel};
 use ocrctl::server::{worker, AppState, ServerConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -153,7 +155,7 @@ fn spawn_engine(
     me: usize,
     label: String,
     export: Arc<Export>,
-    opts: ocrctl::runtime::ortmodel::LoadOptions,
+    opts: LoadOptions,
     batch: usize,
     shared: Arc<worker::Shared>,
     warm: Arc<Vec<WarmPage>>,
@@ -219,19 +221,25 @@ fn spawn_engine(
     Ok(())
 }
 
-/// Runs the server until SIGTERM/SIGINT.
-pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `--profile` / `OCRCTL_PROFILE` when given, else the GPU's, else cpu.
+fn default_profile(a: &mut ServeArgs) {
     if a.rt.profile.is_none() {
-        // `--profile` / `OCRCTL_PROFILE` were not given: the GPU's, else cpu.
         let auto =
             a.rt.providers
                 .is_none()
                 .then(crate::cli::common::auto_profile);
         a.rt.profile = Some(auto.flatten().unwrap_or("cpu").into());
     }
-    let (mut opts, profile, export) = a.rt.open(&a.model)?;
-    let profile = profile.expect("a profile is always set above");
-    let mut pipeline = ocrctl::generation::pipeline::PagePipeline::new(export.clone())?;
+}
+
+/// The requests' page pipeline (images no larger than the profile allows, the loop guard
+/// on with `--loop-guard`) and the `--warm-up` pages made with it.
+fn page_pipeline(
+    a: &ServeArgs,
+    profile: &Profile,
+    export: &Arc<Export>,
+) -> anyhow::Result<(PagePipeline, Vec<WarmPage>)> {
+    let mut pipeline = PagePipeline::new(export.clone())?;
     pipeline.preprocess.longest_edge = pipeline.preprocess.longest_edge.min(profile.max_image_side);
     // Warm-up pages, made as a page of that size is for a request (before anything loads, so
     // a bad size is an error at once).
@@ -253,16 +261,15 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Computed once here (a scan of the vocabulary), not by the first request's handler.
     pipeline.prompter().max_token_bytes();
-    let warm = Arc::new(warm);
     if a.loop_guard {
         // The server's defaults: requests override the rest, never this.
         pipeline.defaults.loop_guard = Some(LoopGuard::default());
     }
-    let batch = a.batch_size.unwrap_or(profile.max_batch_size as usize);
-    if batch == 0 {
-        anyhow::bail!("--batch-size must be at least 1");
-    }
-    opts.kv_slots = batch;
+    Ok((pipeline, warm))
+}
+
+/// Refuses connection limits, timeouts and body memory of 0.
+fn check_front_limits(a: &ServeArgs) -> anyhow::Result<()> {
     if [a.header_timeout, a.body_timeout, a.write_timeout].contains(&0) || a.max_connections == 0 {
         anyhow::bail!(
             "--max-connections, --header-timeout, --body-timeout and --write-timeout must be at \
@@ -272,13 +279,22 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.body_memory_mb == 0 {
         anyhow::bail!("--body-memory-mb must be at least 1");
     }
-    let model_name = a.served_model_name.clone().unwrap_or_else(|| {
+    Ok(())
+}
+
+/// `--served-model-name`, else the model directory's name.
+fn model_name(a: &ServeArgs) -> String {
+    a.served_model_name.clone().unwrap_or_else(|| {
         a.model
             .canonicalize()
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "ocrctl".into())
-    });
+    })
+}
+
+/// `--devices`, else the profile's device 0; checked, with each engine's load options.
+fn engine_devices(a: &ServeArgs, opts: &LoadOptions) -> anyhow::Result<Vec<(LoadOptions, String)>> {
     let devices = if a.devices.is_empty() {
         vec![if opts.providers.order.iter().any(|p| p.is_gpu()) {
             Device::Gpu(opts.providers.device_id.max(0) as u32)
@@ -292,47 +308,66 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
     let cpu_engines = devices.iter().filter(|d| **d == Device::Cpu).count();
     let engine_opts = devices
         .iter()
-        .map(|d| devices::options_for(&opts, *d, cpu_engines))
+        .map(|d| devices::options_for(opts, *d, cpu_engines))
         .collect::<Result<Vec<_>, _>>()?;
-    let labels = devices::labels(&devices);
-    let shared = Arc::new(worker::Shared::with_engines(
-        a.queue_size.unwrap_or(profile.queue_size as usize),
-        labels.clone(),
-    ));
+    Ok(engine_opts
+        .into_iter()
+        .zip(devices::labels(&devices))
+        .collect())
+}
+
+/// The limits of the HTTP front (connections, timeouts, allowed hosts).
+fn front_limits(a: &ServeArgs) -> ocrctl::server::front::FrontLimits {
+    ocrctl::server::front::FrontLimits {
+        max_connections: a.max_connections,
+        max_per_client: a
+            .max_connections_per_client
+            .unwrap_or(a.max_connections.div_ceil(2)),
+        header_read_timeout: Duration::from_secs(a.header_timeout),
+        body_timeout: Duration::from_secs(a.body_timeout),
+        write_timeout: Duration::from_secs(a.write_timeout),
+        allowed_hosts: a.allowed_hosts.clone(),
+    }
+}
+
+/// The server's configuration from the flags and the profile.
+fn server_config(a: &ServeArgs, profile: &Profile) -> ServerConfig {
+    ServerConfig {
+        model_name: model_name(a),
+        max_body_bytes: profile.max_body_mb as usize * 1024 * 1024,
+        max_images: profile.max_images_per_request as usize,
+        max_pixels: a.max_pixels,
+        default_max_new_tokens: profile.default_max_new_tokens as usize,
+        max_new_tokens_limit: profile.max_new_tokens_limit as usize,
+        max_sequence_length: profile.max_sequence_length as usize,
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        open_metrics: a.open_metrics,
+        allow_remote_images: a.allow_remote_images,
+        request_timeout: Duration::from_secs(a.request_timeout),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        front: front_limits(a),
+    }
+}
+
+/// The state the HTTP handlers share: configuration, queue, pipeline, budgets and jobs.
+fn app_state(
+    a: &ServeArgs,
+    profile: &Profile,
+    opts: &LoadOptions,
+    pipeline: PagePipeline,
+    shared: Arc<worker::Shared>,
+) -> AppState {
     let uses_gpu = opts
         .providers
         .order
         .iter()
         .any(|p| *p != ocrctl::runtime::providers::Provider::Cpu);
-    let state = Arc::new(AppState {
-        cfg: ServerConfig {
-            model_name,
-            max_body_bytes: profile.max_body_mb as usize * 1024 * 1024,
-            max_images: profile.max_images_per_request as usize,
-            max_pixels: a.max_pixels,
-            default_max_new_tokens: profile.default_max_new_tokens as usize,
-            max_new_tokens_limit: profile.max_new_tokens_limit as usize,
-            max_sequence_length: profile.max_sequence_length as usize,
-            api_key: a.api_key.clone().filter(|k| !k.is_empty()),
-            open_metrics: a.open_metrics,
-            allow_remote_images: a.allow_remote_images,
-            request_timeout: Duration::from_secs(a.request_timeout),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            front: ocrctl::server::front::FrontLimits {
-                max_connections: a.max_connections,
-                max_per_client: a
-                    .max_connections_per_client
-                    .unwrap_or(a.max_connections.div_ceil(2)),
-                header_read_timeout: Duration::from_secs(a.header_timeout),
-                body_timeout: Duration::from_secs(a.body_timeout),
-                write_timeout: Duration::from_secs(a.write_timeout),
-                allowed_hosts: a.allowed_hosts.clone(),
-            },
-        },
-        shared: shared.clone(),
+    AppState {
+        cfg: server_config(a, profile),
+        shared,
         pipeline,
         stopping: AtomicBool::new(false),
         gpu_memory: uses_gpu
@@ -348,9 +383,50 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             ttl: Duration::from_secs(a.job_ttl),
             max_pages: a.max_job_pages,
         }),
-    });
+    }
+}
+
+/// Binds `--host`:`--port` and serves `state` until SIGTERM/SIGINT.
+fn listen(a: &ServeArgs, state: Arc<AppState>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let addr = format!("{}:{}", a.host, a.port);
+    let shutdown = Duration::from_secs(a.shutdown_timeout);
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        tracing::info!("listening on http://{local}");
+        ocrctl::server::serve(listener, state, shutdown).await?;
+        tracing::info!("stopped");
+        Ok::<_, anyhow::Error>(())
+    })
+}
+
+/// Runs the server until SIGTERM/SIGINT.
+pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
+    default_profile(&mut a);
+    let (mut opts, profile, export) = a.rt.open(&a.model)?;
+    let profile = profile.expect("a profile is always set above");
+    let (pipeline, warm) = page_pipeline(&a, &profile, &export)?;
+    let warm = Arc::new(warm);
+    let batch = a.batch_size.unwrap_or(profile.max_batch_size as usize);
+    if batch == 0 {
+        anyhow::bail!("--batch-size must be at least 1");
+    }
+    opts.kv_slots = batch;
+    check_front_limits(&a)?;
+    let engines = engine_devices(&a, &opts)?;
+    let shared = Arc::new(worker::Shared::with_engines(
+        a.queue_size.unwrap_or(profile.queue_size as usize),
+        engines.iter().map(|(_, label)| label.clone()).collect(),
+    ));
+    let state = Arc::new(app_state(&a, &profile, &opts, pipeline, shared.clone()));
     // Each engine thread owns its copy of the model.
-    for (me, (opts, label)) in engine_opts.into_iter().zip(labels).enumerate() {
+    for (me, (opts, label)) in engines.into_iter().enumerate() {
         spawn_engine(
             me,
             label,
@@ -361,20 +437,6 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<ExitCode> {
             warm.clone(),
         )?;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    rt.block_on(async move {
-        let addr = format!("{}:{}", a.host, a.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        let local = listener.local_addr()?;
-        tracing::info!("listening on http://{local}");
-        ocrctl::server::serve(listener, state, Duration::from_secs(a.shutdown_timeout)).await?;
-        tracing::info!("stopped");
-        Ok::<_, anyhow::Error>(())
-    })?;
+    listen(&a, state)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -43,7 +43,7 @@
 //! ```
 
 use crate::generation::generate::{
-    argmax_and_top_k, log_sum_exp, prefill_resumed, FinishReason, Generation,
+    argmax_and_top_k, log_sum_exp, prefill_resumed, FinishReason, Generation, TokenLogprob,
 };
 use crate::generation::sampling::Sampler;
 use crate::generation::vision::{Staged, VisionStage};
@@ -320,153 +320,129 @@ impl<B: Backend> Engine<B> {
         self.start_queued(batch, on_event);
         self.start_encoded(batch, on_event);
         let mut keep = Vec::with_capacity(batch.active.len());
-        for mut a in batch.active.drain(..) {
-            // Log-probabilities are of the raw distribution: read them before the sampler
-            // applies penalties and temperature in place (only when the request asks).
-            // A panic while choosing one request's token (a bug, or logits a backend got
-            // wrong) fails that request only; the others and the engine go on.
-            let chosen = catch_unwind(AssertUnwindSafe(|| {
-                // Chosen already, from the device's argmax or candidates.
-                if let Some(c) = a.device_choice.take() {
-                    return (c.id, c.logprob, c.top);
-                }
-                let top = if a.req.top_logprobs > 0 {
-                    argmax_and_top_k(&a.logits, a.req.top_logprobs).1
-                } else {
-                    Vec::new()
-                };
-                let raw = (a.req.logprobs || a.req.top_logprobs > 0)
-                    .then(|| (a.logits.clone(), log_sum_exp(&a.logits)));
-                let id = a.sampler.next(&mut a.logits, &a.out.token_ids);
-                let logprob = raw.map(|(l, lse)| (l[id as usize] as f64 - lse) as f32);
-                (id, logprob, top)
-            }));
-            let (id, logprob, top) = match chosen {
-                Ok(c) => c,
-                Err(panic) => {
-                    on_event(Event::Done {
-                        index: a.index,
-                        result: &Err(EngineError::Internal(panic_message(panic.as_ref()))),
-                    });
-                    continue;
-                }
-            };
-            a.out.token_ids.push(id);
-            let flow = on_event(Event::Token {
-                index: a.index,
-                id,
-                logprob,
-                top: &top,
-            });
-            if let Some(lp) = logprob {
-                a.out.logprobs.push(lp);
-            }
-            if a.req.top_logprobs > 0 {
-                a.out.top_logprobs.push(top);
-            }
-            if flow == Flow::Cancel {
-                on_event(Event::Done {
-                    index: a.index,
-                    result: &Err(EngineError::Cancelled),
-                });
-                continue;
-            }
-            let stop = flow == Flow::Finish || (!a.req.ignore_eos && a.req.stop_ids.contains(&id));
-            if stop {
-                a.out.finish_reason = FinishReason::Stop;
-            } else if a.sampler.loop_detected(&a.out.token_ids) {
-                a.out.finish_reason = FinishReason::Repetition;
-            }
-            if stop
-                || a.out.finish_reason == FinishReason::Repetition
-                || a.out.token_ids.len() >= a.req.max_new_tokens
-            {
-                let out = std::mem::replace(&mut a.out, empty_generation());
-                on_event(Event::Done {
-                    index: a.index,
-                    result: &Ok(out),
-                });
-            } else {
-                keep.push(a);
-            }
+        for a in batch.active.drain(..) {
+            keep.extend(take_token(a, on_event));
         }
         let keep = self.preempt_for_growth(batch, keep);
         if keep.is_empty() {
             return;
         }
+        self.decode_step(batch, keep, on_event);
+    }
+
+    /// One decoder step for the requests of `keep` (each fed its last token); they go back
+    /// into `batch` with their next logits, or are requeued or failed when the step fails.
+    fn decode_step(
+        &mut self,
+        batch: &mut Batch<B::Cache>,
+        keep: Vec<Active<B::Cache>>,
+        on_event: &mut dyn FnMut(Event) -> Flow,
+    ) {
         let tokens: Vec<u32> = keep
             .iter()
             .map(|a| *a.out.token_ids.last().expect("one token chosen"))
             .collect();
         let need: Vec<RowNeed> = keep.iter().map(|a| need::row_need(&a.req)).collect();
-        let mut metas = Vec::with_capacity(keep.len());
+        let mut rows = Vec::with_capacity(keep.len());
         let mut caches = Vec::with_capacity(keep.len());
         for a in keep {
             caches.push(a.cache);
-            metas.push((a.index, a.req, a.sampler, a.out, a.seq, a.cached + 1));
+            rows.push(StepRow {
+                index: a.index,
+                req: a.req,
+                sampler: a.sampler,
+                out: a.out,
+                seq: a.seq,
+                cached: a.cached + 1,
+            });
         }
         self.stats.steps += 1;
         self.stats.overlapped_steps += u64::from(!batch.waiting.is_empty());
         match self.backend.decode_batch_select(&tokens, caches, &need) {
             Ok((logits, caches)) => {
-                for (row, ((mut m, l), c)) in metas.into_iter().zip(logits).zip(caches).enumerate()
-                {
-                    let (logits, device_choice) = match l {
-                        StepLogits::Full(l) => (l, None),
-                        StepLogits::Argmax(id) => (
-                            Vec::new(),
-                            Some(need::Chosen {
-                                id,
-                                logprob: None,
-                                top: Vec::new(),
-                            }),
-                        ),
-                        StepLogits::Candidates { top, vocab, lse } => {
-                            let history = &m.3.token_ids;
-                            let b = &mut self.backend;
-                            let (r, s) = (&m.1, &mut m.2);
-                            match need::from_candidates(b, r, s, &top, vocab, lse, history, row) {
-                                Ok(choice) => choice,
-                                Err(e) => {
-                                    on_event(Event::Done {
-                                        index: m.0,
-                                        result: &Err(EngineError::Runtime(e.to_string())),
-                                    });
-                                    continue;
-                                }
-                            }
-                        }
+                for (row, ((mut m, l), c)) in rows.into_iter().zip(logits).zip(caches).enumerate() {
+                    let Some((logits, device_choice)) = self.row_logits(&mut m, l, row, on_event)
+                    else {
+                        continue;
                     };
                     batch.active.push(Active {
-                        index: m.0,
-                        req: m.1,
-                        sampler: m.2,
+                        index: m.index,
+                        req: m.req,
+                        sampler: m.sampler,
                         logits,
                         device_choice,
                         cache: c,
-                        out: m.3,
-                        seq: m.4,
-                        cached: m.5,
+                        out: m.out,
+                        seq: m.seq,
+                        cached: m.cached,
                     });
                 }
             }
-            Err(e) => {
-                let r = Err(EngineError::Runtime(e.to_string()));
-                for (index, req, sampler, out, seq, _) in metas {
-                    let q = admission::Queued {
-                        index,
-                        req,
-                        sampler,
-                        out,
-                        seq,
-                    };
-                    if let Some(q) = self.requeue(batch, q, &e) {
+            Err(e) => self.fail_step(batch, rows, &e, on_event),
+        }
+    }
+
+    /// Row `row`'s logits of a decode step, or its token already chosen from the device's
+    /// argmax or candidates; `None` (the request failed, `Done` sent) when its candidates
+    /// needed the full logits and the backend could not give them.
+    fn row_logits(
+        &mut self,
+        m: &mut StepRow,
+        l: StepLogits,
+        row: usize,
+        on_event: &mut dyn FnMut(Event) -> Flow,
+    ) -> Option<(Vec<f32>, Option<need::Chosen>)> {
+        match l {
+            StepLogits::Full(l) => Some((l, None)),
+            StepLogits::Argmax(id) => Some((
+                Vec::new(),
+                Some(need::Chosen {
+                    id,
+                    logprob: None,
+                    top: Vec::new(),
+                }),
+            )),
+            StepLogits::Candidates { top, vocab, lse } => {
+                let history = &m.out.token_ids;
+                let b = &mut self.backend;
+                let (r, s) = (&m.req, &mut m.sampler);
+                match need::from_candidates(b, r, s, &top, vocab, lse, history, row) {
+                    Ok(choice) => Some(choice),
+                    Err(e) => {
                         on_event(Event::Done {
-                            index: q.index,
-                            result: &r,
+                            index: m.index,
+                            result: &Err(EngineError::Runtime(e.to_string())),
                         });
+                        None
                     }
                 }
+            }
+        }
+    }
+
+    /// A failed decode step: each of its requests queued again when the failure is one to
+    /// recompute it after ([`Engine::requeue`]), else failed.
+    fn fail_step(
+        &mut self,
+        batch: &mut Batch<B::Cache>,
+        rows: Vec<StepRow>,
+        e: &BackendError,
+        on_event: &mut dyn FnMut(Event) -> Flow,
+    ) {
+        let r = Err(EngineError::Runtime(e.to_string()));
+        for m in rows {
+            let q = admission::Queued {
+                index: m.index,
+                req: m.req,
+                sampler: m.sampler,
+                out: m.out,
+                seq: m.seq,
+            };
+            if let Some(q) = self.requeue(batch, q, e) {
+                on_event(Event::Done {
+                    index: q.index,
+                    result: &r,
+                });
             }
         }
     }
@@ -517,6 +493,92 @@ impl<B: Backend> Engine<B> {
             .map(|r| r.unwrap_or(Err(EngineError::NeverScheduled)))
             .collect()
     }
+}
+
+/// A request of a decode step while the backend holds its cache.
+struct StepRow {
+    index: usize,
+    req: GenRequest,
+    sampler: Sampler,
+    out: Generation,
+    seq: u64,
+    /// Positions its cache holds once the step has fed its last token.
+    cached: usize,
+}
+
+/// Request `a`'s next token: chosen, reported (`Token`), and the request retired (`Done`)
+/// when it finished, was cancelled or its choice panicked; else it goes on decoding.
+fn take_token<C>(mut a: Active<C>, on_event: &mut dyn FnMut(Event) -> Flow) -> Option<Active<C>> {
+    // A panic while choosing one request's token (a bug, or logits a backend got wrong) fails
+    // that request only; the others and the engine go on.
+    let (id, logprob, top) = match catch_unwind(AssertUnwindSafe(|| choose_token(&mut a))) {
+        Ok(c) => c,
+        Err(panic) => {
+            on_event(Event::Done {
+                index: a.index,
+                result: &Err(EngineError::Internal(panic_message(panic.as_ref()))),
+            });
+            return None;
+        }
+    };
+    a.out.token_ids.push(id);
+    let flow = on_event(Event::Token {
+        index: a.index,
+        id,
+        logprob,
+        top: &top,
+    });
+    if let Some(lp) = logprob {
+        a.out.logprobs.push(lp);
+    }
+    if a.req.top_logprobs > 0 {
+        a.out.top_logprobs.push(top);
+    }
+    if flow == Flow::Cancel {
+        on_event(Event::Done {
+            index: a.index,
+            result: &Err(EngineError::Cancelled),
+        });
+        return None;
+    }
+    let stop = flow == Flow::Finish || (!a.req.ignore_eos && a.req.stop_ids.contains(&id));
+    if stop {
+        a.out.finish_reason = FinishReason::Stop;
+    } else if a.sampler.loop_detected(&a.out.token_ids) {
+        a.out.finish_reason = FinishReason::Repetition;
+    }
+    if stop
+        || a.out.finish_reason == FinishReason::Repetition
+        || a.out.token_ids.len() >= a.req.max_new_tokens
+    {
+        let out = std::mem::replace(&mut a.out, empty_generation());
+        on_event(Event::Done {
+            index: a.index,
+            result: &Ok(out),
+        });
+        return None;
+    }
+    Some(a)
+}
+
+/// Request `a`'s next token with its log-probability and top log-probabilities (when asked):
+/// the device's choice, else drawn by its sampler from its logits. Log-probabilities are of
+/// the raw distribution: read before the sampler applies penalties and temperature in place.
+fn choose_token<C>(a: &mut Active<C>) -> (u32, Option<f32>, Vec<TokenLogprob>) {
+    // Chosen already, from the device's argmax or candidates.
+    if let Some(c) = a.device_choice.take() {
+        return (c.id, c.logprob, c.top);
+    }
+    let top = if a.req.top_logprobs > 0 {
+        argmax_and_top_k(&a.logits, a.req.top_logprobs).1
+    } else {
+        Vec::new()
+    };
+    let raw = (a.req.logprobs || a.req.top_logprobs > 0)
+        .then(|| (a.logits.clone(), log_sum_exp(&a.logits)));
+    let id = a.sampler.next(&mut a.logits, &a.out.token_ids);
+    let logprob = raw.map(|(l, lse)| (l[id as usize] as f64 - lse) as f32);
+    (id, logprob, top)
 }
 
 #[cfg(test)]

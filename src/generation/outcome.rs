@@ -11,7 +11,7 @@
 //! [`run_with_retries`] drives an [`Engine`] under a policy; the server's `/v1/ocr` applies
 //! the same policy request by request.
 
-use crate::generation::engine::{Engine, Event, GenRequest};
+use crate::generation::engine::{Engine, EngineError, Event, GenRequest};
 use crate::generation::generate::{FinishReason, Generation};
 use crate::generation::sampling::SamplingParams;
 use crate::runtime::backend::Backend;
@@ -245,86 +245,127 @@ pub fn run_with_retries<B: Backend, K>(
     mut again: impl FnMut(&K) -> Result<GenRequest, String>,
     on_event: &mut dyn FnMut(PageEvent<K>),
 ) {
-    // Engine index → (page, attempt, its first attempt's sampling, ignore_eos); taken out
-    // when the request is done.
-    type Slot<K> = Option<(K, usize, SamplingParams, bool)>;
-    let slots: RefCell<Vec<Slot<K>>> = RefCell::new(Vec::new());
-    let retries: RefCell<VecDeque<(K, usize, SamplingParams)>> = RefCell::new(VecDeque::new());
-    // Failures of `again`, reported after the engine's event that caused them.
-    let failed: RefCell<Vec<(K, usize, String)>> = RefCell::new(Vec::new());
-    let requests = std::iter::from_fn(|| loop {
-        let retry = retries.borrow_mut().pop_front();
-        let (key, attempt, base, req) = match retry {
-            Some((key, attempt, base)) => match again(&key) {
-                Ok(req) => (key, attempt, base, req),
-                Err(e) => {
-                    failed.borrow_mut().push((key, attempt, e));
-                    continue;
-                }
-            },
-            None => {
-                let (key, req) = next()?;
-                let base = req.params.clone();
-                (key, 0, base, req)
-            }
-        };
-        let req = GenRequest {
-            params: policy.params(&base, attempt),
-            ..req
-        };
-        slots
-            .borrow_mut()
-            .push(Some((key, attempt, base, req.ignore_eos)));
-        return Some(req);
-    });
+    let pages = Pages::default();
+    let requests = std::iter::from_fn(|| pages.next_request(policy, &mut next, &mut again));
     engine.run(requests, &mut |ev| {
-        for (key, attempt, e) in failed.borrow_mut().drain(..) {
+        pages.report_failed(on_event);
+        match ev {
+            Event::Token { index, .. } => {
+                if let Some(Some((key, ..))) = pages.slots.borrow().get(index) {
+                    on_event(PageEvent::Token(key));
+                }
+            }
+            Event::Done { index, result } => pages.done(policy, index, result, on_event),
+        }
+    });
+    // A retry whose request could not be made after the last event.
+    pages.report_failed(on_event);
+}
+
+/// A page's request in the engine: its key, attempt, its first attempt's sampling and
+/// `ignore_eos`; taken out when the request is done.
+type Slot<K> = Option<(K, usize, SamplingParams, bool)>;
+
+/// The pages of a [`run_with_retries`].
+struct Pages<K> {
+    /// By engine index.
+    slots: RefCell<Vec<Slot<K>>>,
+    /// Pages to try again: key, attempt, first attempt's sampling.
+    retries: RefCell<VecDeque<(K, usize, SamplingParams)>>,
+    /// Failures of `again`, reported after the engine's event that caused them.
+    failed: RefCell<Vec<(K, usize, String)>>,
+}
+
+impl<K> Default for Pages<K> {
+    fn default() -> Self {
+        Pages {
+            slots: RefCell::new(Vec::new()),
+            retries: RefCell::new(VecDeque::new()),
+            failed: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl<K> Pages<K> {
+    /// The engine's next request: a retry first (one whose request cannot be made is
+    /// failed), else a new page; `None` when neither is left.
+    fn next_request(
+        &self,
+        policy: &RetryPolicy,
+        next: &mut impl FnMut() -> Option<(K, GenRequest)>,
+        again: &mut impl FnMut(&K) -> Result<GenRequest, String>,
+    ) -> Option<GenRequest> {
+        loop {
+            let retry = self.retries.borrow_mut().pop_front();
+            let (key, attempt, base, req) = match retry {
+                Some((key, attempt, base)) => match again(&key) {
+                    Ok(req) => (key, attempt, base, req),
+                    Err(e) => {
+                        self.failed.borrow_mut().push((key, attempt, e));
+                        continue;
+                    }
+                },
+                None => {
+                    let (key, req) = next()?;
+                    let base = req.params.clone();
+                    (key, 0, base, req)
+                }
+            };
+            let req = GenRequest {
+                params: policy.params(&base, attempt),
+                ..req
+            };
+            self.slots
+                .borrow_mut()
+                .push(Some((key, attempt, base, req.ignore_eos)));
+            return Some(req);
+        }
+    }
+
+    /// Reports the pages whose retry could not be made as failed.
+    fn report_failed(&self, on_event: &mut dyn FnMut(PageEvent<K>)) {
+        for (key, attempt, e) in self.failed.borrow_mut().drain(..) {
             on_event(PageEvent::Done {
                 key,
                 outcome: PageOutcome::failed(FailReason::Error, attempt + 1),
                 result: Err(e),
             });
         }
-        match ev {
-            Event::Token { index, .. } => {
-                if let Some(Some((key, ..))) = slots.borrow().get(index) {
-                    on_event(PageEvent::Token(key));
-                }
+    }
+
+    /// Request `index` ended with `result`: its page is queued again or done, as `policy`
+    /// says.
+    fn done(
+        &self,
+        policy: &RetryPolicy,
+        index: usize,
+        result: &Result<Generation, EngineError>,
+        on_event: &mut dyn FnMut(PageEvent<K>),
+    ) {
+        let Some((key, attempt, base, ignore_eos)) = self.slots.borrow_mut()[index].take() else {
+            return;
+        };
+        let fault = match result {
+            Ok(g) => policy.fault(g.finish_reason, ignore_eos),
+            Err(_) => Some(FailReason::Error),
+        };
+        match policy.after(attempt, fault) {
+            Next::Retry(reason) => {
+                on_event(PageEvent::Retry {
+                    key: &key,
+                    attempt,
+                    reason,
+                });
+                self.retries
+                    .borrow_mut()
+                    .push_back((key, attempt + 1, base));
             }
-            Event::Done { index, result } => {
-                let Some((key, attempt, base, ignore_eos)) = slots.borrow_mut()[index].take()
-                else {
-                    return;
-                };
-                let fault = match result {
-                    Ok(g) => policy.fault(g.finish_reason, ignore_eos),
-                    Err(_) => Some(FailReason::Error),
-                };
-                match policy.after(attempt, fault) {
-                    Next::Retry(reason) => {
-                        on_event(PageEvent::Retry {
-                            key: &key,
-                            attempt,
-                            reason,
-                        });
-                        retries.borrow_mut().push_back((key, attempt + 1, base));
-                    }
-                    Next::Done(outcome) => on_event(PageEvent::Done {
-                        key,
-                        outcome,
-                        result: result.as_ref().map_err(|e| e.to_string()),
-                    }),
-                }
-            }
+            Next::Done(outcome) => on_event(PageEvent::Done {
+                key,
+                outcome,
+                result: result.as_ref().map_err(|e| e.to_string()),
+            }),
         }
-    });
-    // A retry whose request could not be made after the last event.
-    for (key, attempt, e) in failed.into_inner() {
-        on_event(PageEvent::Done {
-            key,
-            outcome: PageOutcome::failed(FailReason::Error, attempt + 1),
-            result: Err(e),
-        });
     }
 }
 

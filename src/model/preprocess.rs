@@ -213,106 +213,148 @@ impl PreprocessConfig {
             path: path.clone(),
             source,
         })?;
-        let field_err = |field: &str, problem: String| PreprocessError::Field {
-            path: path.clone(),
-            field: field.to_string(),
-            problem,
-        };
-        if !root.is_object() {
-            return Err(field_err("(root)", "expected a JSON object".into()));
+        let s = Settings::of(&root, &path)?;
+        if let Some(edge) = s.longest_edge()? {
+            cfg.longest_edge = edge;
         }
-        // transformers >= 5 nests the image processor's settings under `image_processor`.
-        let (obj, prefix) = match root.get("image_processor") {
-            Some(v @ Value::Object(_)) => (v, "image_processor."),
-            Some(Value::Null) | None => (&root, ""),
-            Some(_) => {
-                return Err(field_err("image_processor", "expected an object".into()));
-            }
-        };
-        let name = |key: &str| format!("{prefix}{key}");
-
-        if let Some(size) = obj.get("size").filter(|v| !v.is_null()) {
-            let Value::Object(size) = size else {
-                return Err(field_err(&name("size"), "expected an object".into()));
-            };
-            match size.get("longest_edge") {
-                Some(v) => {
-                    cfg.longest_edge = v
-                        .as_u64()
-                        .filter(|&n| n > 0 && n <= u64::from(u32::MAX))
-                        .map(|n| n as u32)
-                        .ok_or_else(|| {
-                            field_err(
-                                &name("size.longest_edge"),
-                                format!("expected a positive integer, got {v}"),
-                            )
-                        })?;
-                }
-                None => {
-                    return Err(field_err(
-                        &name("size.longest_edge"),
-                        "missing; only `size.longest_edge` is supported".into(),
-                    ))
-                }
-            }
+        if let Some(v) = s.get("image_mean") {
+            cfg.image_mean =
+                parse_triplet(v).ok_or_else(|| s.err("image_mean", triplet_problem(v)))?;
         }
-        if let Some(v) = obj.get("image_mean").filter(|v| !v.is_null()) {
-            cfg.image_mean = parse_triplet(v)
-                .ok_or_else(|| field_err(&name("image_mean"), triplet_problem(v)))?;
-        }
-        if let Some(v) = obj.get("image_std").filter(|v| !v.is_null()) {
-            let std = parse_triplet(v)
-                .ok_or_else(|| field_err(&name("image_std"), triplet_problem(v)))?;
-            if std.iter().any(|&s| s == 0.0 || !s.is_finite()) {
-                return Err(field_err(
-                    &name("image_std"),
-                    format!("every value must be finite and non-zero, got {v}"),
-                ));
-            }
+        if let Some(std) = s.image_std()? {
             cfg.image_std = std;
         }
-        if let Some(v) = obj.get("rescale_factor").filter(|v| !v.is_null()) {
+        if let Some(v) = s.get("rescale_factor") {
             cfg.rescale_factor = v
                 .as_f64()
                 .filter(|f| f.is_finite() && *f > 0.0)
                 .ok_or_else(|| {
-                    field_err(
-                        &name("rescale_factor"),
+                    s.err(
+                        "rescale_factor",
                         format!("expected a positive number, got {v}"),
                     )
                 })?;
         }
-        if let Some(v) = obj.get("resample").filter(|v| !v.is_null()) {
+        s.check_supported()?;
+        Ok(cfg)
+    }
+}
+
+/// The image settings of a processor file: its root, or the object nested under
+/// `image_processor` (transformers >= 5), with the file to name in errors.
+struct Settings<'a> {
+    obj: &'a Value,
+    /// `image_processor.` when nested, else empty: the start of a field's dotted name.
+    prefix: &'static str,
+    path: &'a Path,
+}
+
+impl<'a> Settings<'a> {
+    /// The settings of the file `path` whose JSON is `root`.
+    fn of(root: &'a Value, path: &'a Path) -> Result<Settings<'a>, PreprocessError> {
+        let top = Settings {
+            obj: root,
+            prefix: "",
+            path,
+        };
+        if !root.is_object() {
+            return Err(top.err("(root)", "expected a JSON object".into()));
+        }
+        match root.get("image_processor") {
+            Some(v @ Value::Object(_)) => Ok(Settings {
+                obj: v,
+                prefix: "image_processor.",
+                path,
+            }),
+            Some(Value::Null) | None => Ok(top),
+            Some(_) => Err(top.err("image_processor", "expected an object".into())),
+        }
+    }
+
+    /// The error for field `key` (a name below the prefix).
+    fn err(&self, key: &str, problem: String) -> PreprocessError {
+        PreprocessError::Field {
+            path: self.path.to_path_buf(),
+            field: format!("{}{key}", self.prefix),
+            problem,
+        }
+    }
+
+    /// Field `key`, unless absent or null.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    /// `size.longest_edge`, when `size` is given (it must hold only that key's kind of size).
+    fn longest_edge(&self) -> Result<Option<u32>, PreprocessError> {
+        let Some(size) = self.get("size") else {
+            return Ok(None);
+        };
+        let Value::Object(size) = size else {
+            return Err(self.err("size", "expected an object".into()));
+        };
+        match size.get("longest_edge") {
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0 && n <= u64::from(u32::MAX))
+                .map(|n| Some(n as u32))
+                .ok_or_else(|| {
+                    self.err(
+                        "size.longest_edge",
+                        format!("expected a positive integer, got {v}"),
+                    )
+                }),
+            None => Err(self.err(
+                "size.longest_edge",
+                "missing; only `size.longest_edge` is supported".into(),
+            )),
+        }
+    }
+
+    /// `image_std`: three finite, non-zero values.
+    fn image_std(&self) -> Result<Option<[f32; 3]>, PreprocessError> {
+        let Some(v) = self.get("image_std") else {
+            return Ok(None);
+        };
+        let std = parse_triplet(v).ok_or_else(|| self.err("image_std", triplet_problem(v)))?;
+        if std.iter().any(|&s| s == 0.0 || !s.is_finite()) {
+            return Err(self.err(
+                "image_std",
+                format!("every value must be finite and non-zero, got {v}"),
+            ));
+        }
+        Ok(Some(std))
+    }
+
+    /// `resample` is bicubic and `do_resize`, `do_rescale`, `do_normalize` are true, where
+    /// given.
+    fn check_supported(&self) -> Result<(), PreprocessError> {
+        if let Some(v) = self.get("resample") {
             // PIL.Image.Resampling.BICUBIC == 3.
             if v.as_u64() != Some(3) {
-                return Err(field_err(
-                    &name("resample"),
+                return Err(self.err(
+                    "resample",
                     format!("only 3 (bicubic) is supported, got {v}"),
                 ));
             }
         }
         for key in ["do_resize", "do_rescale", "do_normalize"] {
-            if let Some(v) = obj.get(key).filter(|v| !v.is_null()) {
+            if let Some(v) = self.get(key) {
                 match v.as_bool() {
                     Some(true) => {}
                     Some(false) => {
-                        return Err(field_err(
-                            &name(key),
+                        return Err(self.err(
+                            key,
                             "false is not supported (LightOnOCR always resizes, rescales and \
                              normalises)"
                                 .into(),
                         ))
                     }
-                    None => {
-                        return Err(field_err(
-                            &name(key),
-                            format!("expected a boolean, got {v}"),
-                        ))
-                    }
+                    None => return Err(self.err(key, format!("expected a boolean, got {v}"))),
                 }
             }
         }
-        Ok(cfg)
+        Ok(())
     }
 }
 

@@ -40,13 +40,23 @@ impl Budget {
         if self.fits() {
             return Vec::new();
         }
-        let p = &self.profile;
-        let mut out = Vec::new();
+        let mut out = vec![
+            self.batch_advice(),
+            self.sequence_advice(),
+            self.image_side_advice(),
+            self.precision_advice(),
+        ];
+        out.extend(self.problems.iter().filter_map(|pr| self.limit_advice(pr)));
+        out
+    }
 
+    /// The largest `max_batch_size` that fits.
+    fn batch_advice(&self) -> Advice {
+        let p = &self.profile;
         let batch = (1..p.max_batch_size)
             .rev()
             .find(|&b| self.refit(|q| q.max_batch_size = b).fits());
-        out.push(Advice {
+        Advice {
             field: "max_batch_size".into(),
             current: p.max_batch_size.to_string(),
             suggested: batch.map(|b| b.to_string()),
@@ -58,8 +68,13 @@ impl Budget {
                 None if p.max_batch_size > 1 => "even 1 does not fit".into(),
                 None => "already 1".into(),
             },
-        });
+        }
+    }
 
+    /// The largest `max_sequence_length` that fits (a multiple of 256, else the shortest
+    /// that holds a full prompt and one new token).
+    fn sequence_advice(&self) -> Advice {
+        let p = &self.profile;
         let prompt = p.max_prompt_tokens();
         let lowest = prompt + 1;
         let seq = p.max_sequence_length as u64;
@@ -73,7 +88,7 @@ impl Budget {
         let found = candidates
             .into_iter()
             .find(|&s| self.refit(|q| q.max_sequence_length = s as u32).fits());
-        out.push(Advice {
+        Advice {
             field: "max_sequence_length".into(),
             current: p.max_sequence_length.to_string(),
             suggested: found.map(|s| s.to_string()),
@@ -90,13 +105,17 @@ impl Budget {
                     p.max_image_side, p.max_image_side
                 ),
             },
-        });
+        }
+    }
 
+    /// The largest `max_image_side` (a multiple of the side unit) that fits.
+    fn image_side_advice(&self) -> Advice {
+        let p = &self.profile;
         let side = (1..p.max_image_side / IMAGE_SIDE_UNIT)
             .rev()
             .map(|k| k * IMAGE_SIDE_UNIT)
             .find(|&s| self.refit(|q| q.max_image_side = s).fits());
-        out.push(Advice {
+        Advice {
             field: "max_image_side".into(),
             current: p.max_image_side.to_string(),
             suggested: side.map(|s| s.to_string()),
@@ -104,8 +123,12 @@ impl Budget {
                 Some(_) => "pages are downscaled further (small print suffers)".into(),
                 None => "lowering it alone is not enough".into(),
             },
-        });
+        }
+    }
 
+    /// A precision with lighter activations and KV cache that fits.
+    fn precision_advice(&self) -> Advice {
+        let p = &self.profile;
         let eb = activation_bytes(p.precision);
         let lighter: Vec<Precision> = [Precision::Fp16, Precision::Int4Fp16]
             .into_iter()
@@ -114,7 +137,7 @@ impl Budget {
         let prec = lighter
             .into_iter()
             .find(|&c| self.refit(|q| q.precision = c).fits());
-        out.push(Advice {
+        Advice {
             field: "precision".into(),
             current: p.precision.name().into(),
             suggested: prec.map(|c| c.name().to_string()),
@@ -129,49 +152,48 @@ impl Budget {
                 }
                 None => "16-bit activations alone are not enough".into(),
             },
-        });
-
-        for pr in &self.problems {
-            match pr {
-                Problem::KvBudget { need, .. } => {
-                    let others_ok = self
-                        .refit(|q| {
-                            q.kv_cache_gb = (*need as f64 / GIB as f64 * 100.0).ceil() / 100.0
-                        })
-                        .fits();
-                    out.push(Advice {
-                        field: "kv_cache_gb".into(),
-                        current: format!("{}", p.kv_cache_gb),
-                        suggested: Some(format!(
-                            "{:.2}",
-                            (*need as f64 / GIB as f64 * 100.0).ceil() / 100.0
-                        )),
-                        note: if others_ok {
-                            "the device has room for it".into()
-                        } else {
-                            "raising it alone is not enough".into()
-                        },
-                    });
-                }
-                Problem::Arena { need, .. } => {
-                    let v = (*need as f64 / GIB as f64 * 100.0).ceil() / 100.0;
-                    out.push(Advice {
-                        field: "cuda.memory_limit_gb".into(),
-                        current: p
-                            .cuda
-                            .as_ref()
-                            .map_or(String::new(), |c| c.memory_limit_gb.to_string()),
-                        suggested: Some(format!("{v:.2}")),
-                        note: "the arena must hold the weights, the KV cache and the activations"
-                            .into(),
-                    });
-                }
-                // Lowering max_sequence_length / max_image_side (above) covers these.
-                Problem::Positions { .. } | Problem::ImageSide { .. } => {}
-                Problem::Memory { .. } => {}
-            }
         }
-        out
+    }
+
+    /// The limit to raise for problem `pr`, when it is `kv_cache_gb` or
+    /// `cuda.memory_limit_gb` (lowering max_sequence_length / max_image_side covers the
+    /// others).
+    fn limit_advice(&self, pr: &Problem) -> Option<Advice> {
+        let p = &self.profile;
+        match pr {
+            Problem::KvBudget { need, .. } => {
+                let others_ok = self
+                    .refit(|q| q.kv_cache_gb = (*need as f64 / GIB as f64 * 100.0).ceil() / 100.0)
+                    .fits();
+                Some(Advice {
+                    field: "kv_cache_gb".into(),
+                    current: format!("{}", p.kv_cache_gb),
+                    suggested: Some(format!(
+                        "{:.2}",
+                        (*need as f64 / GIB as f64 * 100.0).ceil() / 100.0
+                    )),
+                    note: if others_ok {
+                        "the device has room for it".into()
+                    } else {
+                        "raising it alone is not enough".into()
+                    },
+                })
+            }
+            Problem::Arena { need, .. } => {
+                let v = (*need as f64 / GIB as f64 * 100.0).ceil() / 100.0;
+                Some(Advice {
+                    field: "cuda.memory_limit_gb".into(),
+                    current: p
+                        .cuda
+                        .as_ref()
+                        .map_or(String::new(), |c| c.memory_limit_gb.to_string()),
+                    suggested: Some(format!("{v:.2}")),
+                    note: "the arena must hold the weights, the KV cache and the activations"
+                        .into(),
+                })
+            }
+            Problem::Positions { .. } | Problem::ImageSide { .. } | Problem::Memory { .. } => None,
+        }
     }
 }
 
@@ -191,23 +213,14 @@ pub(crate) fn kib_str(b: u64) -> String {
     }
 }
 
-impl fmt::Display for Budget {
-    /// An aligned table: item, MiB, GiB, how; then total, capacity, headroom, limits, the
-    /// verdict and the notes.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let p = &self.profile;
-        writeln!(
-            f,
-            "profile {} ({}): {}, batch {} × {} tokens, images up to {}×{}",
-            p.name,
-            p.source,
-            p.precision.name(),
-            p.max_batch_size,
-            p.max_sequence_length,
-            p.max_image_side,
-            p.max_image_side
-        )?;
-        let mut lines: Vec<(String, Option<i128>, String)> = self
+/// One line of the budget table: item, bytes (none: a dash, or a blank line when the item
+/// is empty too), how.
+type Line = (String, Option<i128>, String);
+
+impl Budget {
+    /// The table's lines: the rows, the total, the capacity and headroom, then the limits.
+    fn table_lines(&self) -> Vec<Line> {
+        let mut lines: Vec<Line> = self
             .rows
             .iter()
             .map(|r| (r.item.clone(), Some(r.bytes as i128), r.detail.clone()))
@@ -257,33 +270,12 @@ impl fmt::Display for Budget {
                 ),
             ));
         }
-        let w = lines
-            .iter()
-            .map(|l| l.0.chars().count())
-            .max()
-            .unwrap_or(0)
-            .max(4);
-        writeln!(f, "{:<w$}  {:>10}  {:>8}  how", "item", "MiB", "GiB")?;
-        for (item, bytes, detail) in &lines {
-            match bytes {
-                Some(b) => writeln!(
-                    f,
-                    "{}",
-                    format!(
-                        "{:<w$}  {:>10.1}  {:>8.3}  {}",
-                        item,
-                        *b as f64 / MIB as f64,
-                        *b as f64 / GIB as f64,
-                        detail
-                    )
-                    .trim_end()
-                )?,
-                None if item.is_empty() => writeln!(f)?,
-                None => writeln!(f, "{:<w$}  {:>10}  {:>8}  {}", item, "-", "-", detail)?,
-            }
-        }
-        // Memory and the model's own limits are different verdicts: a profile can fit in
-        // memory and still ask for more positions than the model takes.
+        lines
+    }
+
+    /// The verdict (memory and the model's own limits are different verdicts: a profile can
+    /// fit in memory and still ask for more positions than the model takes) and the notes.
+    fn write_verdict(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (model_limits, memory): (Vec<&Problem>, Vec<&Problem>) = self
             .problems
             .iter()
@@ -314,5 +306,56 @@ impl fmt::Display for Budget {
             }
         }
         Ok(())
+    }
+}
+
+/// `lines` aligned: item, MiB, GiB, how.
+fn write_table(f: &mut fmt::Formatter<'_>, lines: &[Line]) -> fmt::Result {
+    let w = lines
+        .iter()
+        .map(|l| l.0.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    writeln!(f, "{:<w$}  {:>10}  {:>8}  how", "item", "MiB", "GiB")?;
+    for (item, bytes, detail) in lines {
+        match bytes {
+            Some(b) => writeln!(
+                f,
+                "{}",
+                format!(
+                    "{:<w$}  {:>10.1}  {:>8.3}  {}",
+                    item,
+                    *b as f64 / MIB as f64,
+                    *b as f64 / GIB as f64,
+                    detail
+                )
+                .trim_end()
+            )?,
+            None if item.is_empty() => writeln!(f)?,
+            None => writeln!(f, "{:<w$}  {:>10}  {:>8}  {}", item, "-", "-", detail)?,
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for Budget {
+    /// An aligned table: item, MiB, GiB, how; then total, capacity, headroom, limits, the
+    /// verdict and the notes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.profile;
+        writeln!(
+            f,
+            "profile {} ({}): {}, batch {} × {} tokens, images up to {}×{}",
+            p.name,
+            p.source,
+            p.precision.name(),
+            p.max_batch_size,
+            p.max_sequence_length,
+            p.max_image_side,
+            p.max_image_side
+        )?;
+        write_table(f, &self.table_lines())?;
+        self.write_verdict(f)
     }
 }

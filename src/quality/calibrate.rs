@@ -68,42 +68,45 @@ pub struct Calibration {
     pub kv_decoded_tokens: usize,
 }
 
-/// Runs `model` (loaded from the calibration export `export`) over `images`; with
-/// `kv_decode`, each page is also decoded greedily for up to [`KV_DECODE_TOKENS`] tokens for
-/// the KV range. Unreadable images are reported and skipped.
-pub fn collect(
-    model: &mut OrtModel,
-    export: Arc<Export>,
-    images: &[PathBuf],
-    kv_decode: bool,
-) -> anyhow::Result<Calibration> {
-    let sums: Arc<Mutex<BTreeMap<String, Sums>>> = Arc::default();
-    let kv_max: Arc<Mutex<BTreeMap<usize, f32>>> = Arc::default();
-    let sink = sums.clone();
-    let kv_sink = kv_max.clone();
-    // Set while decode steps run: only the KV range is taken from them.
-    let decoding = Arc::new(AtomicBool::new(false));
-    let in_decode = decoding.clone();
-    let decoded = Arc::new(AtomicUsize::new(0));
-    let decoded_sink = decoded.clone();
-    model.set_tap(Some(Box::new(move |name, shape, data| {
+/// What the tap accumulates while the calibration pages run.
+#[derive(Default)]
+struct Tally {
+    /// Per-channel sums of every Linear input, by output name.
+    sums: Mutex<BTreeMap<String, Sums>>,
+    /// The largest |key| or |value| by layer (`usize::MAX`: a name without a layer).
+    kv_max: Mutex<BTreeMap<usize, f32>>,
+    /// Set while decode steps run: only the KV range is taken from them.
+    decoding: AtomicBool,
+    /// Decode steps the tap saw.
+    decoded: AtomicUsize,
+}
+
+impl Tally {
+    /// Takes one `calib.*` output of a run.
+    fn record(&self, name: &str, shape: &[usize], data: &[f32]) {
         if let Some(rest) = name.strip_prefix(ocrctl_exporters::kv_cache::CALIB_KV) {
-            // `{layer}.key` / `{layer}.value`
-            let layer = rest.split('.').next().and_then(|l| l.parse().ok());
-            if layer == Some(0) && rest.ends_with("key") && in_decode.load(Ordering::Relaxed) {
-                decoded_sink.fetch_add(1, Ordering::Relaxed);
-            }
-            let m = data.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let mut all = kv_sink.lock().expect("calibration KV range");
-            let e = all.entry(layer.unwrap_or(usize::MAX)).or_insert(0.0);
-            *e = e.max(m);
-            return;
+            self.record_kv(rest, data);
+        } else if !self.decoding.load(Ordering::Relaxed) {
+            self.record_linear(name, shape, data);
         }
-        if in_decode.load(Ordering::Relaxed) {
-            return;
+    }
+
+    /// A layer's key or value (`rest`: `{layer}.key` / `{layer}.value`): its largest |x|.
+    fn record_kv(&self, rest: &str, data: &[f32]) {
+        let layer = rest.split('.').next().and_then(|l| l.parse().ok());
+        if layer == Some(0) && rest.ends_with("key") && self.decoding.load(Ordering::Relaxed) {
+            self.decoded.fetch_add(1, Ordering::Relaxed);
         }
+        let m = data.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let mut all = self.kv_max.lock().expect("calibration KV range");
+        let e = all.entry(layer.unwrap_or(usize::MAX)).or_insert(0.0);
+        *e = e.max(m);
+    }
+
+    /// A Linear's input: Σ|x| and Σx² per channel (its last axis), and the rows.
+    fn record_linear(&self, name: &str, shape: &[usize], data: &[f32]) {
         let k = *shape.last().unwrap_or(&1);
-        let mut all = sink.lock().expect("calibration sums");
+        let mut all = self.sums.lock().expect("calibration sums");
         let s = all.entry(name.to_string()).or_default();
         if s.abs.is_empty() {
             s.abs = vec![0.0; k];
@@ -116,7 +119,74 @@ pub fn collect(
             }
         }
         s.rows += (data.len() / k) as u64;
+    }
+
+    /// The per-channel means of every Linear input.
+    fn stats(&self) -> ActivationStats {
+        let sums = std::mem::take(&mut *self.sums.lock().expect("calibration sums"));
+        sums.into_iter()
+            .map(|(name, s)| {
+                let n = s.rows.max(1) as f64;
+                let st = ChannelStats {
+                    mean_abs: s.abs.iter().map(|v| (v / n) as f32).collect(),
+                    mean_sq: s.sq.iter().map(|v| (v / n) as f32).collect(),
+                    rows: s.rows,
+                };
+                (name, st)
+            })
+            .collect()
+    }
+
+    /// The KV range of each layer, in order (0..n, as the exporter names them); an unnamed
+    /// one would be a bug.
+    fn kv_absmax(&self) -> anyhow::Result<Vec<f32>> {
+        let by_layer = std::mem::take(&mut *self.kv_max.lock().expect("calibration KV range"));
+        by_layer
+            .iter()
+            .enumerate()
+            .map(|(i, (l, m))| match *l == i {
+                true => Ok(*m),
+                false => Err(anyhow::anyhow!("calibration KV outputs skip layer {i}")),
+            })
+            .collect()
+    }
+}
+
+/// Runs `model` (loaded from the calibration export `export`) over `images`; with
+/// `kv_decode`, each page is also decoded greedily for up to [`KV_DECODE_TOKENS`] tokens for
+/// the KV range. Unreadable images are reported and skipped.
+pub fn collect(
+    model: &mut OrtModel,
+    export: Arc<Export>,
+    images: &[PathBuf],
+    kv_decode: bool,
+) -> anyhow::Result<Calibration> {
+    let tally = Arc::new(Tally::default());
+    let tap = tally.clone();
+    model.set_tap(Some(Box::new(move |name, shape, data| {
+        tap.record(name, shape, data)
     })));
+    let used = run_pages(model, export, images, kv_decode, &tally)?;
+    model.set_tap(None);
+    let stats = tally.stats();
+    let kv_absmax = tally.kv_absmax()?;
+    Ok(Calibration {
+        stats,
+        kv_absmax,
+        images: used,
+        kv_decoded_tokens: tally.decoded.load(Ordering::Relaxed),
+    })
+}
+
+/// Encodes and prefills each readable image (then decodes it greedily with `kv_decode`),
+/// the tap seeing every run; the pages that ran.
+fn run_pages(
+    model: &mut OrtModel,
+    export: Arc<Export>,
+    images: &[PathBuf],
+    kv_decode: bool,
+    tally: &Tally,
+) -> anyhow::Result<usize> {
     let cfg = export.config().clone();
     let pipeline = crate::generation::pipeline::PagePipeline::new(export)?;
     let mut used = 0;
@@ -132,7 +202,7 @@ pub fn collect(
         let feats = model.encode_image(&p.pixel_values)?;
         let (mut logits, mut cache) = prefill(model, &p.prompt_ids, cfg.image_token_id, &[feats])?;
         if kv_decode {
-            decoding.store(true, Ordering::Relaxed);
+            tally.decoding.store(true, Ordering::Relaxed);
             for _ in 0..KV_DECODE_TOKENS {
                 let (id, _) = argmax_and_top_k(&logits, 0);
                 if pipeline.stop_ids().contains(&id) {
@@ -141,38 +211,9 @@ pub fn collect(
                 let e = model.embed(&[id])?;
                 (logits, cache) = model.forward(e, Some(cache))?;
             }
-            decoding.store(false, Ordering::Relaxed);
+            tally.decoding.store(false, Ordering::Relaxed);
         }
         used += 1;
     }
-    model.set_tap(None);
-    let sums = std::mem::take(&mut *sums.lock().expect("calibration sums"));
-    let stats = sums
-        .into_iter()
-        .map(|(name, s)| {
-            let n = s.rows.max(1) as f64;
-            let st = ChannelStats {
-                mean_abs: s.abs.iter().map(|v| (v / n) as f32).collect(),
-                mean_sq: s.sq.iter().map(|v| (v / n) as f32).collect(),
-                rows: s.rows,
-            };
-            (name, st)
-        })
-        .collect();
-    let by_layer = std::mem::take(&mut *kv_max.lock().expect("calibration KV range"));
-    // Layers in order (0..n, as the exporter names them); an unnamed one would be a bug.
-    let kv_absmax = by_layer
-        .iter()
-        .enumerate()
-        .map(|(i, (l, m))| match *l == i {
-            true => Ok(*m),
-            false => Err(anyhow::anyhow!("calibration KV outputs skip layer {i}")),
-        })
-        .collect::<anyhow::Result<Vec<f32>>>()?;
-    Ok(Calibration {
-        stats,
-        kv_absmax,
-        images: used,
-        kv_decoded_tokens: decoded.load(Ordering::Relaxed),
-    })
+    Ok(used)
 }

@@ -223,6 +223,17 @@ pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
 }
 
 async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
+    check_head(st, &req)?;
+    if req.method() != Method::POST {
+        return Ok(req);
+    }
+    let declared = check_body_head(st, &req)?;
+    read_whole_body(st, req, declared).await
+}
+
+/// The head's checks: its size, one Host header, and without an API key a Host this server
+/// answers to.
+fn check_head(st: &AppState, req: &Request) -> Result<(), ApiError> {
     let h = req.headers();
     if head_bytes(h) > MAX_HEADER_BYTES {
         return Err(ApiError::HeadersTooLarge {
@@ -251,9 +262,13 @@ async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
             )));
         }
     }
-    if req.method() != Method::POST {
-        return Ok(req);
-    }
+    Ok(())
+}
+
+/// A POST's declared body: within `max_body_bytes`, and JSON where the route takes JSON;
+/// its declared length.
+fn check_body_head(st: &AppState, req: &Request) -> Result<Option<u64>, ApiError> {
+    let h = req.headers();
     let limit = st.cfg.max_body_bytes;
     let declared = h
         .get(header::CONTENT_LENGTH)
@@ -273,6 +288,17 @@ async fn check(st: &AppState, req: Request) -> Result<Request, ApiError> {
             "this route takes Content-Type: application/json (got {got})"
         )));
     }
+    Ok(declared)
+}
+
+/// `req` with its body read whole within the body timeout, holding its share of the body
+/// budget (taken once the first bytes are here) until the request is done.
+async fn read_whole_body(
+    st: &AppState,
+    req: Request,
+    declared: Option<u64>,
+) -> Result<Request, ApiError> {
+    let limit = st.cfg.max_body_bytes;
     let front = &st.cfg.front;
     let secs = front.body_timeout.as_secs();
     let timed_out = || {
@@ -360,10 +386,6 @@ pub async fn serve(
     grace: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    use hyper::server::conn::http1;
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
-
     let limits = st.cfg.front.clone();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let clients = Clients::new(limits.max_per_client);
@@ -394,37 +416,67 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let svc = TowerToHyperService::new(app.clone());
-        let mut closing = closing.clone();
-        let header_timeout = limits.header_read_timeout;
         let stream = super::write_timeout::WriteTimeout::new(stream, limits.write_timeout);
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _client = client;
-            let mut b = http1::Builder::new();
-            b.timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .keep_alive(true);
-            let conn = b.serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            let finished = tokio::select! {
-                _ = conn.as_mut() => true,
-                _ = closing.wait_for(|c| *c) => false,
-            };
-            if !finished {
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
-        });
+        // Dropped in this order when the connection ends: the client's count, then the slot.
+        let held = (client, permit);
+        spawn_connection(&app, stream, held, limits.header_read_timeout, &closing);
     }
     drop(listener);
+    shut_down(&st, &slots, limits.max_connections, grace, closing_tx).await;
+    Ok(())
+}
+
+/// Serves one connection on its own task, holding its connection slot and its client's
+/// count (`held`) until it ends; once `closing` turns true it finishes the request in
+/// flight and closes.
+fn spawn_connection(
+    app: &Router,
+    stream: super::write_timeout::WriteTimeout<tokio::net::TcpStream>,
+    held: (ClientHold, OwnedSemaphorePermit),
+    header_timeout: Duration,
+    closing: &watch::Receiver<bool>,
+) {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let svc = TowerToHyperService::new(app.clone());
+    let mut closing = closing.clone();
+    tokio::spawn(async move {
+        let _held = held;
+        let mut b = http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .keep_alive(true);
+        let conn = b.serve_connection(TokioIo::new(stream), svc);
+        tokio::pin!(conn);
+        let finished = tokio::select! {
+            _ = conn.as_mut() => true,
+            _ = closing.wait_for(|c| *c) => false,
+        };
+        if !finished {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    });
+}
+
+/// The shutdown once the listener is closed: connections told to close after their request
+/// in flight, and after `grace` the requests still running cut.
+async fn shut_down(
+    st: &AppState,
+    slots: &Semaphore,
+    max_connections: usize,
+    grace: Duration,
+    closing_tx: watch::Sender<bool>,
+) {
     st.stopping.store(true, Ordering::Relaxed);
     tracing::info!(
         "shutting down, finishing running requests (at most {} s)",
         grace.as_secs()
     );
     let _ = closing_tx.send(true);
-    let all_closed = slots.acquire_many(limits.max_connections as u32);
+    let all_closed = slots.acquire_many(max_connections as u32);
     tokio::select! {
         _ = all_closed => {}
         _ = tokio::time::sleep(grace) => {
@@ -433,12 +485,11 @@ pub async fn serve(
             // Let the streams send their error event and [DONE].
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
-                slots.acquire_many(limits.max_connections as u32),
+                slots.acquire_many(max_connections as u32),
             )
             .await;
         }
     }
-    Ok(())
 }
 
 /// Connections open per client address, for [`FrontLimits::max_per_client`].

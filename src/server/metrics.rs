@@ -204,207 +204,282 @@ impl Metrics {
     /// The Prometheus text exposition of all metrics.
     pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::new();
-        out.push_str("# HELP ocrctl_requests_total HTTP responses by route and status code.\n# TYPE ocrctl_requests_total counter\n");
-        {
-            let m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-            for ((route, status), n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "ocrctl_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
-                );
-            }
+        self.write_requests(&mut out);
+        write_rows(&mut out, self.model_rows(g));
+        for (h, name, help) in self.histograms() {
+            h.write(&mut out, name, help);
         }
-        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        };
-        gauge(
-            &mut out,
-            "ocrctl_model_ready",
-            "1 once the model is loaded.",
-            g.ready as u8 as f64,
-        );
-        gauge(
-            &mut out,
-            "ocrctl_queue_depth",
-            "Requests waiting for a batch slot.",
-            g.queue_depth as f64,
-        );
-        gauge(
-            &mut out,
-            "ocrctl_batch_size",
-            "Requests in the running decode batch.",
-            g.batch_size as f64,
-        );
-        counter(
-            &mut out,
-            "ocrctl_prompt_tokens_total",
-            "Prompt tokens of admitted requests.",
-            self.prompt_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "ocrctl_generated_tokens_total",
-            "Tokens generated.",
-            self.generated_tokens.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "ocrctl_decode_tokens_per_second",
-            "Tokens per second of the last decoder step (all sequences of the batch).",
-            f64::from_bits(self.step_tokens_per_s.load(Ordering::Relaxed)),
-        );
-        self.time_to_first_token.write(
-            &mut out,
-            "ocrctl_time_to_first_token_seconds",
-            "From request accepted to its first token.",
-        );
-        self.inter_token_latency.write(
-            &mut out,
-            "ocrctl_inter_token_latency_seconds",
-            "Between consecutive tokens of a request.",
-        );
-        self.request_duration.write(
-            &mut out,
-            "ocrctl_request_duration_seconds",
-            "From request accepted to its last token.",
-        );
         self.pages.write(&mut out);
-        gauge(
-            &mut out,
-            "ocrctl_image_decode_bytes",
-            "Estimated bytes of request images being decoded now.",
-            g.decode_bytes as f64,
-        );
-        gauge(
-            &mut out,
-            "ocrctl_image_decode_peak_bytes",
-            "Most estimated bytes of request images ever decoded at once.",
-            g.decode_peak_bytes as f64,
-        );
-        gauge(
-            &mut out,
-            "ocrctl_request_body_bytes",
-            "Bytes of request bodies held now.",
-            g.body_bytes as f64,
-        );
-        gauge(
-            &mut out,
-            "ocrctl_request_body_peak_bytes",
-            "Most bytes of request bodies ever held at once.",
-            g.body_peak_bytes as f64,
-        );
-        type Field = fn(&EngineGauges) -> f64;
-        let per_engine: [(&str, &str, &str, Field); 13] = [
-            (
-                "ocrctl_engine_ready",
-                "gauge",
-                "1 while this device's engine serves.",
-                |e| e.ready as u8 as f64,
-            ),
-            (
-                "ocrctl_engine_batch_size",
-                "gauge",
-                "Requests in this device's decode batch.",
-                |e| e.batch_size as f64,
-            ),
-            (
-                "ocrctl_engine_load_tokens",
-                "gauge",
-                "Tokens in hand on this device: prompt + remaining new tokens of its requests.",
-                |e| e.load_tokens as f64,
-            ),
-            (
-                "ocrctl_engine_requests_total",
-                "counter",
-                "Requests this device's engine admitted.",
-                |e| e.admitted as f64,
-            ),
-            (
-                "ocrctl_engine_generated_tokens_total",
-                "counter",
-                "Tokens this device's engine generated.",
-                |e| e.generated as f64,
-            ),
-            (
-                "ocrctl_engine_pages_decoding",
-                "gauge",
-                "Pages in this device's decode step.",
-                |e| e.activity.decoding as f64,
-            ),
-            (
-                "ocrctl_engine_pages_staging",
-                "gauge",
-                "Pages whose images are encoded (or prompts prefilled) beside the decode steps.",
-                |e| e.activity.staging as f64,
-            ),
-            (
-                "ocrctl_engine_pages_waiting_for_kv",
-                "gauge",
-                "Pages waiting for KV cache blocks: new, or preempted to be recomputed.",
-                |e| e.activity.queued_for_kv as f64,
-            ),
-            (
-                "ocrctl_engine_kv_free",
-                "gauge",
-                "Free KV cache slots (GQA) or blocks (paged); -1 when caches grow without a pool.",
-                |e| e.activity.kv_free.map_or(-1.0, |f| f as f64),
-            ),
-            (
-                "ocrctl_engine_decode_steps_total",
-                "counter",
-                "Decode steps run.",
-                |e| e.activity.stats.steps as f64,
-            ),
-            (
-                "ocrctl_engine_overlapped_steps_total",
-                "counter",
-                "Decode steps run while pages were encoded or prefilled beside them.",
-                |e| e.activity.stats.overlapped_steps as f64,
-            ),
-            (
-                "ocrctl_engine_preemptions_total",
-                "counter",
-                "Pages preempted by a full paged KV cache (recomputed later).",
-                |e| e.activity.stats.preemptions as f64,
-            ),
-            (
-                "ocrctl_engine_requeued_total",
-                "counter",
-                "Pages of a decode step lost to a CUDA stream-capture collision, recomputed.",
-                |e| e.activity.stats.requeued as f64,
-            ),
-        ];
-        for (name, kind, help, f) in per_engine {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for e in &g.engines {
-                let _ = writeln!(out, "{name}{{device=\"{}\"}} {}", e.device, f(e));
-            }
-        }
-        if let Some(b) = g.gpu_memory_bytes {
-            gauge(
-                &mut out,
-                "ocrctl_gpu_memory_used_bytes",
-                "GPU memory held by this process (nvidia-smi).",
-                b as f64,
-            );
-        }
-        if let Some(b) = g.rss_bytes {
-            gauge(
-                &mut out,
-                "ocrctl_resident_memory_bytes",
-                "Resident host memory of this process.",
-                b as f64,
-            );
-        }
+        write_rows(&mut out, memory_rows(g));
+        write_engines(&mut out, &g.engines);
+        write_rows(&mut out, process_rows(g));
         out
     }
+
+    /// `ocrctl_requests_total` by route and status code.
+    fn write_requests(&self, out: &mut String) {
+        out.push_str("# HELP ocrctl_requests_total HTTP responses by route and status code.\n# TYPE ocrctl_requests_total counter\n");
+        let m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        for ((route, status), n) in m.iter() {
+            let _ = writeln!(
+                out,
+                "ocrctl_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+            );
+        }
+    }
+
+    /// The model's readiness, the queue and batch, and the token counters.
+    fn model_rows(&self, g: &Gauges) -> [Row; 6] {
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        [
+            (
+                "ocrctl_model_ready",
+                Kind::Gauge,
+                "1 once the model is loaded.",
+                Sample::Real(g.ready as u8 as f64),
+            ),
+            (
+                "ocrctl_queue_depth",
+                Kind::Gauge,
+                "Requests waiting for a batch slot.",
+                Sample::Real(g.queue_depth as f64),
+            ),
+            (
+                "ocrctl_batch_size",
+                Kind::Gauge,
+                "Requests in the running decode batch.",
+                Sample::Real(g.batch_size as f64),
+            ),
+            (
+                "ocrctl_prompt_tokens_total",
+                Kind::Counter,
+                "Prompt tokens of admitted requests.",
+                Sample::Count(load(&self.prompt_tokens)),
+            ),
+            (
+                "ocrctl_generated_tokens_total",
+                Kind::Counter,
+                "Tokens generated.",
+                Sample::Count(load(&self.generated_tokens)),
+            ),
+            (
+                "ocrctl_decode_tokens_per_second",
+                Kind::Gauge,
+                "Tokens per second of the last decoder step (all sequences of the batch).",
+                Sample::Real(f64::from_bits(load(&self.step_tokens_per_s))),
+            ),
+        ]
+    }
+
+    /// The latency histograms with their names and help.
+    fn histograms(&self) -> [(&Histogram, &'static str, &'static str); 3] {
+        [
+            (
+                &self.time_to_first_token,
+                "ocrctl_time_to_first_token_seconds",
+                "From request accepted to its first token.",
+            ),
+            (
+                &self.inter_token_latency,
+                "ocrctl_inter_token_latency_seconds",
+                "Between consecutive tokens of a request.",
+            ),
+            (
+                &self.request_duration,
+                "ocrctl_request_duration_seconds",
+                "From request accepted to its last token.",
+            ),
+        ]
+    }
 }
+
+/// A metric's `# TYPE`.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        })
+    }
+}
+
+/// A sample's value: a count as an integer, any other figure as a float.
+enum Sample {
+    Count(u64),
+    Real(f64),
+}
+
+impl std::fmt::Display for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sample::Count(n) => write!(f, "{n}"),
+            Sample::Real(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// One metric without labels: name, type, help, value.
+type Row = (&'static str, Kind, &'static str, Sample);
+
+/// Writes each row as its `# HELP`, `# TYPE` and one sample.
+fn write_rows(out: &mut String, rows: impl IntoIterator<Item = Row>) {
+    for (name, kind, help, v) in rows {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
+}
+
+/// The bytes of images being decoded and of request bodies held, now and at their peak.
+fn memory_rows(g: &Gauges) -> [Row; 4] {
+    [
+        (
+            "ocrctl_image_decode_bytes",
+            Kind::Gauge,
+            "Estimated bytes of request images being decoded now.",
+            Sample::Real(g.decode_bytes as f64),
+        ),
+        (
+            "ocrctl_image_decode_peak_bytes",
+            Kind::Gauge,
+            "Most estimated bytes of request images ever decoded at once.",
+            Sample::Real(g.decode_peak_bytes as f64),
+        ),
+        (
+            "ocrctl_request_body_bytes",
+            Kind::Gauge,
+            "Bytes of request bodies held now.",
+            Sample::Real(g.body_bytes as f64),
+        ),
+        (
+            "ocrctl_request_body_peak_bytes",
+            Kind::Gauge,
+            "Most bytes of request bodies ever held at once.",
+            Sample::Real(g.body_peak_bytes as f64),
+        ),
+    ]
+}
+
+/// The process's GPU and resident memory, where known.
+fn process_rows(g: &Gauges) -> impl Iterator<Item = Row> {
+    let gpu = g.gpu_memory_bytes.map(|b| {
+        (
+            "ocrctl_gpu_memory_used_bytes",
+            Kind::Gauge,
+            "GPU memory held by this process (nvidia-smi).",
+            Sample::Real(b as f64),
+        )
+    });
+    let rss = g.rss_bytes.map(|b| {
+        (
+            "ocrctl_resident_memory_bytes",
+            Kind::Gauge,
+            "Resident host memory of this process.",
+            Sample::Real(b as f64),
+        )
+    });
+    gpu.into_iter().chain(rss)
+}
+
+/// Each per-engine metric, one sample per engine labelled `device`.
+fn write_engines(out: &mut String, engines: &[EngineGauges]) {
+    for (name, kind, help, f) in PER_ENGINE {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for e in engines {
+            let _ = writeln!(out, "{name}{{device=\"{}\"}} {}", e.device, f(e));
+        }
+    }
+}
+
+/// The per-engine metrics: name, type, help and the figure of an engine.
+#[allow(clippy::type_complexity)]
+const PER_ENGINE: [(&str, Kind, &str, fn(&EngineGauges) -> f64); 13] = [
+    (
+        "ocrctl_engine_ready",
+        Kind::Gauge,
+        "1 while this device's engine serves.",
+        |e| e.ready as u8 as f64,
+    ),
+    (
+        "ocrctl_engine_batch_size",
+        Kind::Gauge,
+        "Requests in this device's decode batch.",
+        |e| e.batch_size as f64,
+    ),
+    (
+        "ocrctl_engine_load_tokens",
+        Kind::Gauge,
+        "Tokens in hand on this device: prompt + remaining new tokens of its requests.",
+        |e| e.load_tokens as f64,
+    ),
+    (
+        "ocrctl_engine_requests_total",
+        Kind::Counter,
+        "Requests this device's engine admitted.",
+        |e| e.admitted as f64,
+    ),
+    (
+        "ocrctl_engine_generated_tokens_total",
+        Kind::Counter,
+        "Tokens this device's engine generated.",
+        |e| e.generated as f64,
+    ),
+    (
+        "ocrctl_engine_pages_decoding",
+        Kind::Gauge,
+        "Pages in this device's decode step.",
+        |e| e.activity.decoding as f64,
+    ),
+    (
+        "ocrctl_engine_pages_staging",
+        Kind::Gauge,
+        "Pages whose images are encoded (or prompts prefilled) beside the decode steps.",
+        |e| e.activity.staging as f64,
+    ),
+    (
+        "ocrctl_engine_pages_waiting_for_kv",
+        Kind::Gauge,
+        "Pages waiting for KV cache blocks: new, or preempted to be recomputed.",
+        |e| e.activity.queued_for_kv as f64,
+    ),
+    (
+        "ocrctl_engine_kv_free",
+        Kind::Gauge,
+        "Free KV cache slots (GQA) or blocks (paged); -1 when caches grow without a pool.",
+        |e| e.activity.kv_free.map_or(-1.0, |f| f as f64),
+    ),
+    (
+        "ocrctl_engine_decode_steps_total",
+        Kind::Counter,
+        "Decode steps run.",
+        |e| e.activity.stats.steps as f64,
+    ),
+    (
+        "ocrctl_engine_overlapped_steps_total",
+        Kind::Counter,
+        "Decode steps run while pages were encoded or prefilled beside them.",
+        |e| e.activity.stats.overlapped_steps as f64,
+    ),
+    (
+        "ocrctl_engine_preemptions_total",
+        Kind::Counter,
+        "Pages preempted by a full paged KV cache (recomputed later).",
+        |e| e.activity.stats.preemptions as f64,
+    ),
+    (
+        "ocrctl_engine_requeued_total",
+        Kind::Counter,
+        "Pages of a decode step lost to a CUDA stream-capture collision, recomputed.",
+        |e| e.activity.stats.requeued as f64,
+    ),
+];
 
 /// Resident set size of this process from `/proc/self/statm` (Linux).
 pub fn rss_bytes() -> Option<u64> {

@@ -3,7 +3,7 @@
 
 scripts/gpu/gpu_parity.sh finds the fp32 merged decoder on CUDA 0.0035 off the reference's top-5
 log-probabilities on the `photo` image (tolerance 0.001), while the vision encoder's features on
-CUDA match the reference as closely as the CPU's (scripts/gpu/gpu_conv_algo_probe.py). This runs the
+CUDA match the reference as closely as the CPU's (docs/benchmarks/2026-12-05-h200/gpu_conv_algo_probe.py). This runs the
 decoder alone on one prompt (embedded random ids around the photo's golden image features) on
 the CPU provider and on CUDA (TF32 off, as ocrctl runs it):
  1. at each graph optimisation level (all, as ocrctl; basic; disabled), the largest difference

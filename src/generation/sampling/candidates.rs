@@ -8,6 +8,7 @@
 //! for the same generator state, or `None` and nothing drawn.
 
 use super::{biased, draw, penalised_all, Sampler, SamplingParams, MIN_TEMPERATURE};
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// How often each id of a growing history occurs, extended step by step: a penalised step
@@ -71,46 +72,7 @@ impl Sampler {
         if k == 0 || cands.iter().any(|(v, _)| !v.is_finite()) {
             return None;
         }
-        let raw_floor = cands[k - 1].0;
-        let penalise = self.params.penalises() && !history.is_empty();
-        let bias = &self.params.logit_bias;
-        // The candidates as the full path sees them after the bias and the penalties
-        // (re-sorted), and the bound on every other token's processed logit.
-        let (cands, floor) = if penalise || !bias.is_empty() {
-            let seen = penalise.then(|| self.seen.of(history));
-            let p = &self.params;
-            let bias_of = |id: u32| {
-                bias.binary_search_by_key(&id, |b| b.0)
-                    .map_or(0.0, |i| bias[i].1)
-            };
-            let mut pc: Vec<(f32, u32)> = cands
-                .iter()
-                .map(|&(v, id)| {
-                    let v = biased(v, bias_of(id));
-                    match seen.as_ref().and_then(|s| s.get(&id)) {
-                        Some(&c) => (penalised_all(v, c as usize, p), id),
-                        None => (v, id),
-                    }
-                })
-                .collect();
-            pc.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            // Before the penalties, a token outside has at most the K-th raw logit plus the
-            // largest positive bias of an id that is not a candidate.
-            let lift = bias
-                .iter()
-                .filter(|(id, b)| *b > 0.0 && !cands.iter().any(|c| c.1 == *id))
-                .fold(0.0f32, |m, b| m.max(b.1));
-            let floor = biased(raw_floor, lift);
-            let floor = match seen {
-                Some(seen) if raises(p) => seen
-                    .values()
-                    .fold(floor, |m, &c| m.max(penalised_all(floor, c as usize, p))),
-                _ => floor,
-            };
-            (std::borrow::Cow::Owned(pc), floor)
-        } else {
-            (std::borrow::Cow::Borrowed(cands), raw_floor)
-        };
+        let (cands, floor) = self.processed(cands, history);
         let p = &self.params;
         let outside = vocab > k;
         if p.is_greedy() {
@@ -147,33 +109,12 @@ impl Sampler {
         let order = |a: &(f64, u32), b: &(f64, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         kept.sort_unstable_by(order);
         let n = if top_p < 1.0 {
-            let sum: f64 = kept.iter().map(|c| c.0).sum();
-            // The full path's total lies in [sum, sum + bound] (and differs from `sum` by
-            // rounding, since it adds in id order): the nucleus must end at the same token
-            // for every total in that range, widened by a relative 1e-12.
-            let bound = if tail {
-                (vocab - k) as f64 * weight(floor)
-            } else {
-                0.0
+            // What the tokens outside the candidates weigh at most, together and each.
+            let outside_weight = match tail {
+                true => ((vocab - k) as f64 * weight(floor), Some(weight(floor))),
+                false => (0.0, None),
             };
-            let lo = top_p * sum * (1.0 - 1e-12);
-            let hi = top_p * (sum + bound) * (1.0 + 1e-12);
-            let mut acc = 0.0;
-            let mut end = None;
-            for (i, c) in kept.iter().enumerate() {
-                if i > 0 && acc >= lo {
-                    end = Some(i);
-                    break;
-                }
-                acc += c.0;
-            }
-            let end = end?;
-            // The same end for the largest total, and the last kept token weighing strictly
-            // more than the bound (so that no token outside the candidates ties with it).
-            if acc < hi || (tail && kept[end - 1].0 <= weight(floor)) {
-                return None;
-            }
-            end
+            nucleus_end(&kept, top_p, outside_weight)?
         } else {
             // No nucleus: every kept token is drawn from, in id order as the full path does.
             kept.sort_unstable_by_key(|c| c.1);
@@ -182,6 +123,84 @@ impl Sampler {
         // The same draw as the full path's, over the same candidates in the same order.
         draw(&mut self.rng, &kept[..n]).map(|((_, id), _)| id)
     }
+}
+
+impl Sampler {
+    /// The candidates as the full path sees them after the logit bias and the penalties
+    /// (re-sorted), and the bound on every other token's processed logit (see
+    /// [`Sampler::next_from_candidates`]).
+    fn processed<'c>(
+        &mut self,
+        cands: &'c [(f32, u32)],
+        history: &[u32],
+    ) -> (Cow<'c, [(f32, u32)]>, f32) {
+        let raw_floor = cands[cands.len() - 1].0;
+        let penalise = self.params.penalises() && !history.is_empty();
+        let bias = &self.params.logit_bias;
+        if !penalise && bias.is_empty() {
+            return (Cow::Borrowed(cands), raw_floor);
+        }
+        let seen = penalise.then(|| self.seen.of(history));
+        let p = &self.params;
+        let bias_of = |id: u32| {
+            bias.binary_search_by_key(&id, |b| b.0)
+                .map_or(0.0, |i| bias[i].1)
+        };
+        let mut pc: Vec<(f32, u32)> = cands
+            .iter()
+            .map(|&(v, id)| {
+                let v = biased(v, bias_of(id));
+                match seen.as_ref().and_then(|s| s.get(&id)) {
+                    Some(&c) => (penalised_all(v, c as usize, p), id),
+                    None => (v, id),
+                }
+            })
+            .collect();
+        pc.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        // Before the penalties, a token outside has at most the K-th raw logit plus the
+        // largest positive bias of an id that is not a candidate.
+        let lift = bias
+            .iter()
+            .filter(|(id, b)| *b > 0.0 && !cands.iter().any(|c| c.1 == *id))
+            .fold(0.0f32, |m, b| m.max(b.1));
+        let floor = biased(raw_floor, lift);
+        let floor = match seen {
+            Some(seen) if raises(p) => seen
+                .values()
+                .fold(floor, |m, &c| m.max(penalised_all(floor, c as usize, p))),
+            _ => floor,
+        };
+        (Cow::Owned(pc), floor)
+    }
+}
+
+/// How many of `kept` (weights, largest first) top-p's nucleus takes, when the candidates
+/// decide it whatever the tokens outside them weigh: `outside` is the most they weigh
+/// together, and the most one of them weighs (`None`: there are none).
+fn nucleus_end(kept: &[(f64, u32)], top_p: f64, outside: (f64, Option<f64>)) -> Option<usize> {
+    let (bound, each) = outside;
+    let sum: f64 = kept.iter().map(|c| c.0).sum();
+    // The full path's total lies in [sum, sum + bound] (and differs from `sum` by
+    // rounding, since it adds in id order): the nucleus must end at the same token
+    // for every total in that range, widened by a relative 1e-12.
+    let lo = top_p * sum * (1.0 - 1e-12);
+    let hi = top_p * (sum + bound) * (1.0 + 1e-12);
+    let mut acc = 0.0;
+    let mut end = None;
+    for (i, c) in kept.iter().enumerate() {
+        if i > 0 && acc >= lo {
+            end = Some(i);
+            break;
+        }
+        acc += c.0;
+    }
+    let end = end?;
+    // The same end for the largest total, and the last kept token weighing strictly
+    // more than the bound (so that no token outside the candidates ties with it).
+    if acc < hi || each.is_some_and(|w| kept[end - 1].0 <= w) {
+        return None;
+    }
+    Some(end)
 }
 
 /// Whether a penalty of `p` can raise a logit: a repetition penalty below 1, or a negative

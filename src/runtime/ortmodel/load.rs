@@ -62,50 +62,22 @@ impl OrtModel {
         let act = opts.precision.dtype();
         let stages = opts.vision_stage && (provider.is_gpu() || opts.stages_on_cpu);
         let mut stats = KvStats::default();
-        let path = match variant {
-            DecoderVariant::Gqa => {
-                if provider.is_gpu() {
-                    warn_slow_cache(&decoder.session, act, opts, &decoder_path);
-                }
-                let embed_path = path_of(graph::EMBED)?;
-                let l = gqa::GqaLoad {
-                    env: &env,
-                    opts,
-                    text: t,
-                    paths: (decoder_path.as_path(), embed_path.as_path()),
-                    tweaks,
-                    act,
-                    placement: &placement,
-                    stages,
-                };
-                let built = (decoder.session, provider);
-                let g = gqa::GqaDecoder::load(&l, built, graphs_on, &mut embed, &mut gpu)?;
-                // The GQA cache lives where it was allocated, from the first run on.
-                stats.kv_location = Some(placement.kv_at());
-                DecoderPath::Gqa(g)
-            }
-            DecoderVariant::Paged => {
-                let l = paged::PagedLoad {
-                    path: &decoder_path,
-                    opts,
-                    text: t,
-                    kv: placement.kv.clone(),
-                    graphs_on,
-                };
-                let built = (decoder.session, provider);
-                let p = paged::PagedDecoder::load(l, built, &mut embed, &mut gpu)?;
-                stats.kv_location = Some(placement.kv_at());
-                DecoderPath::Paged(p)
-            }
-            DecoderVariant::Merged => DecoderPath::Merged(MergedDecoder::new(
-                &env,
-                (decoder.session, provider),
-                opts,
-                act,
-                &placement,
-                t,
-            )),
+        if variant == DecoderVariant::Gqa && provider.is_gpu() {
+            warn_slow_cache(&decoder.session, act, opts, &decoder_path);
+        }
+        let embed_path = path_of(graph::EMBED)?;
+        let l = gqa::GqaLoad {
+            env: &env,
+            opts,
+            text: t,
+            paths: (decoder_path.as_path(), embed_path.as_path()),
+            tweaks,
+            act,
+            placement: &placement,
+            stages,
         };
+        let on = (decoder, graphs_on);
+        let path = decoder_path_of(&l, variant, on, &mut embed, &mut gpu, &mut stats)?;
         let vision = Vision::new(vision.session, vision.provider, opts.providers.device_id);
         Ok(OrtModel {
             vision: Arc::new(Mutex::new(vision)),
@@ -125,6 +97,48 @@ impl OrtModel {
             manifest: manifest.clone(),
         })
     }
+}
+
+/// The decoder path of `variant` over the session `decoder` (created with CUDA graphs
+/// enabled when `graphs_on`), with what `l` holds; a cache decoder's cache location goes
+/// into `stats`.
+fn decoder_path_of(
+    l: &gqa::GqaLoad<'_>,
+    variant: DecoderVariant,
+    (decoder, graphs_on): (session::Built, bool),
+    embed: &mut Session,
+    gpu: &mut capture::Shared,
+    stats: &mut KvStats,
+) -> Result<DecoderPath, LoadError> {
+    let built = (decoder.session, decoder.provider);
+    Ok(match variant {
+        DecoderVariant::Gqa => {
+            let g = gqa::GqaDecoder::load(l, built, graphs_on, embed, gpu)?;
+            // The GQA cache lives where it was allocated, from the first run on.
+            stats.kv_location = Some(l.placement.kv_at());
+            DecoderPath::Gqa(g)
+        }
+        DecoderVariant::Paged => {
+            let pl = paged::PagedLoad {
+                path: l.paths.0,
+                opts: l.opts,
+                text: l.text,
+                kv: l.placement.kv.clone(),
+                graphs_on,
+            };
+            let p = paged::PagedDecoder::load(pl, built, embed, gpu)?;
+            stats.kv_location = Some(l.placement.kv_at());
+            DecoderPath::Paged(p)
+        }
+        DecoderVariant::Merged => DecoderPath::Merged(MergedDecoder::new(
+            l.env,
+            built,
+            l.opts,
+            l.act,
+            l.placement,
+            l.text,
+        )),
+    })
 }
 
 /// The graphs `manifest` lists for the precision `opts` asks for.

@@ -8,11 +8,13 @@
 //! maps a file of the export once built. Also the checks before a load ([`verify_files`])
 //! and writing the graph ONNX Runtime optimised ([`write_optimized_graph`]).
 
+use super::weights::ExternalData;
 use super::{LoadError, LoadOptions, MANIFEST_NAME};
 use crate::runtime::providers::Provider;
 use ocrctl_exporters::contract::hint;
 use ocrctl_exporters::export::{DecoderVariant, Manifest, Precision};
 use ocrctl_exporters::kv_cache::KvCache;
+use ort::ep::ExecutionProviderDispatch;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use std::path::Path;
@@ -56,7 +58,6 @@ pub(super) fn build(
     opts: &LoadOptions,
     tweaks: Tweaks<'_>,
 ) -> Result<Built, LoadError> {
-    let optimized = tweaks.optimized;
     let part = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -73,25 +74,8 @@ pub(super) fn build(
     let (mut order, _) =
         crate::runtime::providers::usable(&opts.providers).map_err(|e| err(e.to_string()))?;
     loop {
-        // TensorRT-RTX is a plugin: whether it starts is known once it is registered and
-        // ONNX Runtime offers it a device.
-        if order.first() == Some(&Provider::TensorRtRtx) {
-            if let Err(why) = crate::runtime::trtrtx::devices(env) {
-                if opts.providers.strict || order.len() == 1 {
-                    return Err(err(format!(
-                        "tensorrt-rtx execution provider unavailable: {why} (strict providers: \
-                         no fallback)"
-                    )));
-                }
-                order.remove(0);
-                if crate::runtime::trtrtx::first_report() {
-                    tracing::warn!(
-                        "tensorrt-rtx execution provider unavailable: {why}; falling back to {}",
-                        order[0].name()
-                    );
-                }
-                continue;
-            }
+        if drop_unstartable_trt_rtx(env, opts, &mut order).map_err(&err)? {
+            continue;
         }
         let rtx = order.first() == Some(&Provider::TensorRtRtx);
         let in_memory = if super::weights::keeps_map(order[0]) {
@@ -105,68 +89,19 @@ pub(super) fn build(
         // A prebuilt engine replaces the graph: its EPContext model names the engine file.
         let prebuilt = rtx
             .then(|| opts.providers.trt_rtx.engines.get(&part))
-            .flatten();
-        let file = prebuilt.map_or(path, |p| p.as_path());
-        let eps: Vec<_> = order
-            .iter()
-            .filter_map(|p| crate::runtime::providers::dispatch(*p, &opts.providers, &part))
-            .collect();
-        let build = || -> ort::Result<Session> {
-            let mut b = Session::builder(env)?
-                // An EPContext model is one node: nothing for ONNX Runtime to optimise.
-                .with_optimization_level(if prebuilt.is_some() {
-                    GraphOptimizationLevel::Disable
-                } else {
-                    GraphOptimizationLevel::All
-                })?
-                .with_log_level(match crate::runtime::ortlib::log_level() {
-                    Some(level) => level,
-                    None if eps.is_empty() => ort::logging::LogLevel::Error,
-                    None => ort::logging::LogLevel::Warning,
-                })?
-                .with_config_entry(
-                    "session.qdq_matmulnbits_accuracy_level",
-                    opts.accuracy_level.to_string(),
-                )?;
-            if opts.threads > 0 {
-                b = b.with_intra_threads(opts.threads)?;
-            }
-            // No memory patterns: ONNX Runtime plans one per distinct set of input shapes and
-            // its arena keeps every block it planned. Every run here has new shapes (image
-            // sizes, a growing past, a changing batch), so a server's arena only grew: on an
-            // H200, `serve --profile 16gb` at batch 4 held 16.6 GB with patterns and 6.7 GB
-            // without, at the same throughput (2.81 vs 2.97 requests/s).
-            b = b.with_memory_pattern(false)?;
-            // ONNX Runtime's profiler for one run of a command (issue 9's "profile before you
-            // optimise"): a Chrome-trace JSON per session, written when the session ends.
-            if let Some(prefix) = std::env::var_os(PROFILE_ENV) {
-                let mut p = prefix;
-                p.push(format!("{part}_"));
-                b = b.with_profiling(p)?;
-            }
-            if let Some(names) = tweaks.disabled_optimizers {
-                b = b.with_disabled_optimizers(names)?;
-            }
-            if let (Some(p), None) = (optimized, prebuilt) {
-                b = b.with_optimized_model_path(p)?;
-            }
-            if rtx {
-                let devices = env
-                    .devices()
-                    .filter(|d| d.ep().is_ok_and(|n| n == crate::runtime::trtrtx::EP_NAME));
-                let options = opts.providers.trt_rtx.options(&part);
-                b = b.with_devices(devices, Some(&options))?;
-            }
-            if !eps.is_empty() {
-                b = b.with_execution_providers(&eps)?;
-            }
-            // An EPContext model names its engine, not these weights.
-            if let (Some(w), None) = (in_memory, prebuilt) {
-                b = b.with_external_initializer_file_in_memory(&w.name, w.bytes.clone())?;
-            }
-            b.commit_from_file(file)
+            .flatten()
+            .map(|p| p.as_path());
+        let attempt = Attempt {
+            part: &part,
+            file: prebuilt.unwrap_or(path),
+            prebuilt: prebuilt.is_some(),
+            rtx,
+            eps: order
+                .iter()
+                .filter_map(|p| crate::runtime::providers::dispatch(*p, &opts.providers, &part))
+                .collect(),
         };
-        match build() {
+        match attempt.session(env, opts, tweaks, in_memory) {
             Ok(session) => {
                 let provider = order
                     .iter()
@@ -196,6 +131,112 @@ pub(super) fn build(
                 }));
             }
         }
+    }
+}
+
+/// TensorRT-RTX is a plugin: whether it starts is known once it is registered and ONNX
+/// Runtime offers it a device. When it is first in `order` and cannot start, it is dropped
+/// (`Ok(true)`: try the next) or, with strict providers or nothing after it, the error.
+fn drop_unstartable_trt_rtx(
+    env: &ort::environment::Environment,
+    opts: &LoadOptions,
+    order: &mut Vec<Provider>,
+) -> Result<bool, String> {
+    if order.first() != Some(&Provider::TensorRtRtx) {
+        return Ok(false);
+    }
+    let Err(why) = crate::runtime::trtrtx::devices(env) else {
+        return Ok(false);
+    };
+    if opts.providers.strict || order.len() == 1 {
+        return Err(format!(
+            "tensorrt-rtx execution provider unavailable: {why} (strict providers: no fallback)"
+        ));
+    }
+    order.remove(0);
+    if crate::runtime::trtrtx::first_report() {
+        tracing::warn!(
+            "tensorrt-rtx execution provider unavailable: {why}; falling back to {}",
+            order[0].name()
+        );
+    }
+    Ok(true)
+}
+
+/// One try at a session, with the providers of `eps` in order.
+struct Attempt<'a> {
+    /// The graph's part name (file stem): the profiler's and the engines' key.
+    part: &'a str,
+    /// The graph, or the prebuilt engine's EPContext model that replaces it.
+    file: &'a Path,
+    prebuilt: bool,
+    /// TensorRT-RTX is the first provider.
+    rtx: bool,
+    eps: Vec<ExecutionProviderDispatch>,
+}
+
+impl Attempt<'_> {
+    /// Builds the session of this try.
+    fn session(
+        &self,
+        env: &ort::environment::Environment,
+        opts: &LoadOptions,
+        tweaks: Tweaks<'_>,
+        weights: Option<&ExternalData>,
+    ) -> ort::Result<Session> {
+        let mut b = Session::builder(env)?
+            // An EPContext model is one node: nothing for ONNX Runtime to optimise.
+            .with_optimization_level(if self.prebuilt {
+                GraphOptimizationLevel::Disable
+            } else {
+                GraphOptimizationLevel::All
+            })?
+            .with_log_level(match crate::runtime::ortlib::log_level() {
+                Some(level) => level,
+                None if self.eps.is_empty() => ort::logging::LogLevel::Error,
+                None => ort::logging::LogLevel::Warning,
+            })?
+            .with_config_entry(
+                "session.qdq_matmulnbits_accuracy_level",
+                opts.accuracy_level.to_string(),
+            )?;
+        if opts.threads > 0 {
+            b = b.with_intra_threads(opts.threads)?;
+        }
+        // No memory patterns: ONNX Runtime plans one per distinct set of input shapes and
+        // its arena keeps every block it planned. Every run here has new shapes (image
+        // sizes, a growing past, a changing batch), so a server's arena only grew: on an
+        // H200, `serve --profile 16gb` at batch 4 held 16.6 GB with patterns and 6.7 GB
+        // without, at the same throughput (2.81 vs 2.97 requests/s).
+        b = b.with_memory_pattern(false)?;
+        // ONNX Runtime's profiler for one run of a command (issue 9's "profile before you
+        // optimise"): a Chrome-trace JSON per session, written when the session ends.
+        if let Some(prefix) = std::env::var_os(PROFILE_ENV) {
+            let mut p = prefix;
+            p.push(format!("{}_", self.part));
+            b = b.with_profiling(p)?;
+        }
+        if let Some(names) = tweaks.disabled_optimizers {
+            b = b.with_disabled_optimizers(names)?;
+        }
+        if let (Some(p), false) = (tweaks.optimized, self.prebuilt) {
+            b = b.with_optimized_model_path(p)?;
+        }
+        if self.rtx {
+            let devices = env
+                .devices()
+                .filter(|d| d.ep().is_ok_and(|n| n == crate::runtime::trtrtx::EP_NAME));
+            let options = opts.providers.trt_rtx.options(self.part);
+            b = b.with_devices(devices, Some(&options))?;
+        }
+        if !self.eps.is_empty() {
+            b = b.with_execution_providers(&self.eps)?;
+        }
+        // An EPContext model names its engine, not these weights.
+        if let (Some(w), false) = (weights, self.prebuilt) {
+            b = b.with_external_initializer_file_in_memory(&w.name, w.bytes.clone())?;
+        }
+        b.commit_from_file(self.file)
     }
 }
 

@@ -30,7 +30,7 @@ RMSNorm eps 1e-6, rotary θ 1e6):
 4. **Prefill** (`prefill`): one A4 prompt of 2 173 tokens, PagedAttention against
    GroupQueryAttention.
 
-Usage (GPU machine): PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_paged_probe.py
+Usage (GPU machine): PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-05-h200/gpu_paged_probe.py
 [mixed,graph,speed,prefill]
 `PROBE_DEVICE=cpu` checks the numpy side here: the paged reference against a dense one, and that
 ONNX Runtime's CPU build accepts each graph up to the missing CUDA kernel.
@@ -46,8 +46,11 @@ from onnx import TensorProto, helper
 
 import onnxruntime as ort
 
-# paged_reference.py is in scripts/, one folder up.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# paged_reference.py is in scripts/; gpu_kv_quant_probe.py (its GQA node, imported below) beside
+# the 8-bit cache's results.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "../../../scripts"))
+sys.path.insert(0, os.path.join(HERE, "../2026-12-03-kv-cache"))
 from paged_reference import dense_attention, paged_attention, project  # noqa: E402
 
 HQ, HKV, D, EPS, THETA = 16, 8, 128, 1e-6, 1e6

@@ -10,38 +10,20 @@ features from the reference's (`image_features.*`) per image and setting. If eve
 matches as closely as the CPU, the drift is in the decoder. If only EXHAUSTIVE is off, the
 convolution's algorithm is at fault.
 
-Usage (GPU machine): PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_conv_algo_probe.py EXPORT_DIR
+Usage (GPU machine): PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-05-h200/gpu_conv_algo_probe.py EXPORT_DIR
 where EXPORT_DIR is `ocrctl export --checkpoint tests/fixtures/tiny-lightonocr/checkpoint
 --precision fp32`'s output. Without CUDA it prints the CPU column only.
 """
 
-import json
-import struct
+import os
 import sys
 
 import numpy as np
 import onnxruntime as ort
 
-GOLDEN = "tests/fixtures/tiny-lightonocr/golden/golden.safetensors"
-DTYPES = {"F32": np.float32, "U8": np.uint8}
-
-
-def read_safetensors(path):
-    """{name: array} of a safetensors file (the format's 8-byte header length, JSON, data).
-
-    Read by hand: the GPU machine's Python has numpy but not necessarily the `safetensors`
-    package, and it cannot install one (no network)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__" or t["dtype"] not in DTYPES:
-            continue
-        a, b = t["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], DTYPES[t["dtype"]]).reshape(t["shape"])
-    return out
+# The golden file's reader is golden_images.py's, in scripts/gpu/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../scripts/gpu"))
+from golden_images import GOLDEN, read_safetensors  # noqa: E402
 
 
 def main():

@@ -18,7 +18,7 @@ uncaptured with gpu_graph_id -1 and the steps with id 1, as ocrctl does): the ti
 replays of the third run's capture, which shows the kernel chosen while capturing.
 
 Usage (GPU machine, after scripts/gpu/gpu_env.sh): PYTHONPATH=/opt/ortgpu python3
-scripts/gpu/gpu_kv_quant_probe.py [B,...] -- prints one line per configuration.
+docs/benchmarks/2026-12-03-kv-cache/gpu_kv_quant_probe.py [B,...] -- prints one line per configuration.
 """
 
 import statistics

@@ -1,12 +1,12 @@
 """Probe: the first GroupQueryAttention node of an exported GQA decoder, alone, in variants —
-to find what makes the exported node slower than scripts/gpu/gpu_kv_quant_probe.py's own node.
+to find what makes the exported node slower than docs/benchmarks/2026-12-03-kv-cache/gpu_kv_quant_probe.py's own node.
 
 The node is copied with its attributes and initializers (RoPE tables, KV scale) into a one-node
 model whose query/key/value are inputs; variants: as exported; without the `scale` attribute;
 with RoPE tables cut to MAXLEN rows; with a fresh scale initializer per input. Each is timed
 over decode steps at batch B (seqlens_k = CTX, total CTX + 1, zero cache) as the probes do.
 
-Usage (GPU machine): PYTHONPATH=/opt/ortgpu python3 scripts/gpu/gpu_kv_node_bisect.py B MODEL_DIR
+Usage (GPU machine): PYTHONPATH=/opt/ortgpu python3 docs/benchmarks/2026-12-03-kv-cache/gpu_kv_node_bisect.py B MODEL_DIR
 """
 
 import glob

@@ -9,7 +9,7 @@ RUNS decode steps per batch size. The cache's contents are zeros: a step's time 
 depend on them.
 
 Usage (GPU machine, after scripts/gpu/gpu_env.sh): PYTHONPATH=/opt/ortgpu python3
-scripts/gpu/gpu_kv_decoder_probe.py B[,B...] MODEL_DIR [MODEL_DIR...]
+docs/benchmarks/2026-12-03-kv-cache/gpu_kv_decoder_probe.py B[,B...] MODEL_DIR [MODEL_DIR...]
 (OPT=basic|extended: ONNX Runtime's optimization level; DISABLE=A,B: optimizers left out; PROBE_DEVICE=cpu runs it on the CPU provider, to check the script itself.)
 """
 
