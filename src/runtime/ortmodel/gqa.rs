@@ -46,7 +46,7 @@ pub(super) use decoder::{GqaDecoder, GqaLoad};
 use crate::runtime::backend::{BackendError, RowNeed, StepLogits};
 use ocrctl_exporters::contract::{graph, tensor, Kv};
 use ocrctl_exporters::graph::DType;
-use ort::memory::{Allocator, MemoryInfo};
+use ort::memory::{AllocationDevice, Allocator, MemoryInfo};
 use ort::session::{IoBinding, Session};
 use ort::value::{
     DynTensor, PrimitiveTensorElementType, Tensor, TensorElementType, TensorRefMut, ValueType,
@@ -79,9 +79,43 @@ impl Drop for Slot {
 /// running when the model is dropped never writes into freed memory.
 struct KvBuffers {
     /// Kept for ownership only; runs address the memory through `bases`.
-    _tensors: Vec<DynTensor>,
+    _owner: KvMemory,
     /// Each buffer's first byte (device or host address).
     bases: Vec<usize>,
+}
+
+/// Who owns the cache's memory: ONNX Runtime's allocator (device memory), or, in host memory,
+/// zeroed pages the kernel maps on first write ([`HostBuffer`]).
+enum KvMemory {
+    Ort(#[allow(dead_code)] Vec<DynTensor>),
+    Host(#[allow(dead_code)] Vec<HostBuffer>),
+}
+
+/// A host buffer from `calloc`, whose pages are untouched until written: ort zero-fills a
+/// host tensor it allocates, so a CPU cache of the cpu profile's 4 sequences × 6 144
+/// positions took its full 5.6 GB of RSS at load, idle or reading one receipt; here a
+/// sequence takes what its positions use.
+struct HostBuffer {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl HostBuffer {
+    /// `bytes` of zeroes (16-byte aligned: above `malloc`'s alignment Rust's `alloc_zeroed`
+    /// writes the zeroes itself, touching every page).
+    fn zeroed(bytes: usize) -> Option<HostBuffer> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), 16).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        Some(HostBuffer { ptr, layout })
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
 }
 
 // SAFETY: the tensors are only freed when the last holder drops them; the addresses are
@@ -162,26 +196,39 @@ impl GqaCache {
         let elem_bytes = ty.byte_size(1).unwrap_or(4);
         let gib = (2 * layers * slots * kv_heads * max_seq * head_dim * elem_bytes) as f64
             / (1u64 << 30) as f64;
-        let mut tensors = Vec::with_capacity(2 * layers);
-        for _ in 0..2 * layers {
-            tensors.push(DynTensor::new(&alloc, ty, shape).map_err(|e| {
-                BackendError::runtime(
-                    PART,
-                    format!(
-                        "allocating the KV cache ({slots} sequences x {max_seq} positions, \
-                         {gib:.2} GiB in all; fewer sequences (the batch size) or a shorter \
-                         max_sequence_length need less): {e}"
-                    ),
-                )
-            })?);
-        }
-        let bases = tensors
-            .iter_mut()
-            .map(|t| t.data_ptr_mut() as usize)
-            .collect();
-        let buffers = Arc::new(KvBuffers {
-            _tensors: tensors,
-            bases,
+        let failed = |e: String| {
+            BackendError::runtime(
+                PART,
+                format!(
+                    "allocating the KV cache ({slots} sequences x {max_seq} positions, \
+                     {gib:.2} GiB in all; fewer sequences (the batch size) or a shorter \
+                     max_sequence_length need less): {e}"
+                ),
+            )
+        };
+        let buffers = Arc::new(if kv_mem.allocation_device() == AllocationDevice::CPU {
+            let bytes = slots * kv_heads * max_seq * head_dim * elem_bytes;
+            let host = (0..2 * layers)
+                .map(|_| HostBuffer::zeroed(bytes).ok_or_else(|| failed("out of memory".into())))
+                .collect::<Result<Vec<_>, _>>()?;
+            let bases = host.iter().map(|b| b.ptr.as_ptr() as usize).collect();
+            KvBuffers {
+                _owner: KvMemory::Host(host),
+                bases,
+            }
+        } else {
+            let mut tensors = Vec::with_capacity(2 * layers);
+            for _ in 0..2 * layers {
+                tensors.push(DynTensor::new(&alloc, ty, shape).map_err(|e| failed(e.to_string()))?);
+            }
+            let bases = tensors
+                .iter_mut()
+                .map(|t| t.data_ptr_mut() as usize)
+                .collect();
+            KvBuffers {
+                _owner: KvMemory::Ort(tensors),
+                bases,
+            }
         });
         Ok(GqaCache {
             buffers,
