@@ -160,5 +160,8 @@ fn an_idle_server_holds_what_its_pages_use_not_its_whole_kv_cache() {
     let r = s.post_json("/v1/chat/completions", &chat_body(&bytes, mime, MAX_TOKENS));
     assert_eq!(r.status, 200, "{}", r.text());
     let after = rss_mib(s.child.id());
-    assert!(after < 400, "RSS {after} MiB after a page with a 1 GiB KV cache");
+    assert!(
+        after < 400,
+        "RSS {after} MiB after a page with a 1 GiB KV cache"
+    );
 }

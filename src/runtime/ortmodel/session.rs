@@ -209,6 +209,18 @@ impl Attempt<'_> {
         // H200, `serve --profile 16gb` at batch 4 held 16.6 GB with patterns and 6.7 GB
         // without, at the same throughput (2.81 vs 2.97 requests/s).
         b = b.with_memory_pattern(false)?;
+        // A CPU session allocates through malloc rather than ONNX Runtime's arena, which keeps
+        // every region it grew: the cpu profile's server on the full-size model held 0.94 GB
+        // more after two A4 pages with it (docs/benchmarks/2026-12-06-memory/); malloc's fixed
+        // thresholds (`cli::malloc`) give such blocks back. OCRCTL_CPU_ARENA=on keeps it.
+        if self.eps.is_empty()
+            && !self.rtx
+            && std::env::var("OCRCTL_CPU_ARENA").as_deref() != Ok("on")
+        {
+            b = b.with_execution_providers([ort::ep::CPU::default()
+                .with_arena_allocator(false)
+                .build()])?;
+        }
         // ONNX Runtime's profiler for one run of a command (issue 9's "profile before you
         // optimise"): a Chrome-trace JSON per session, written when the session ends.
         if let Some(prefix) = std::env::var_os(PROFILE_ENV) {
