@@ -135,6 +135,51 @@ unsafe impl Send for KvBuffers {}
 unsafe impl Sync for KvBuffers {}
 
 impl KvBuffers {
+    /// `count` buffers of `shape` (`[slots, kv_heads, max_seq, head_dim]` of `ty`, `gib` in
+    /// all): host memory from `calloc` ([`HostBuffer`]), device memory from `alloc`.
+    fn allocate(
+        alloc: &Allocator,
+        ty: TensorElementType,
+        shape: [i64; 4],
+        count: usize,
+        gib: f64,
+    ) -> Result<KvBuffers, BackendError> {
+        let [slots, _, max_seq, _] = shape;
+        let failed = |e: String| {
+            BackendError::runtime(
+                PART,
+                format!(
+                    "allocating the KV cache ({slots} sequences x {max_seq} positions, \
+                     {gib:.2} GiB in all; fewer sequences (the batch size) or a shorter \
+                     max_sequence_length need less): {e}"
+                ),
+            )
+        };
+        if alloc.memory_info().allocation_device() == AllocationDevice::CPU {
+            let elems: usize = shape.iter().map(|d| *d as usize).product();
+            let bytes = ty.byte_size(elems).unwrap_or(elems * 4);
+            let host = (0..count)
+                .map(|_| HostBuffer::zeroed(bytes).ok_or_else(|| failed("out of memory".into())))
+                .collect::<Result<Vec<_>, _>>()?;
+            let bases = host.iter().map(|b| b.ptr.as_ptr() as usize).collect();
+            return Ok(KvBuffers {
+                owner: KvMemory::Host(host),
+                bases,
+            });
+        }
+        let mut tensors = Vec::with_capacity(count);
+        for _ in 0..count {
+            tensors.push(DynTensor::new(alloc, ty, shape).map_err(|e| failed(e.to_string()))?);
+        }
+        let bases = tensors
+            .iter_mut()
+            .map(|t| t.data_ptr_mut() as usize)
+            .collect();
+        Ok(KvBuffers {
+            owner: KvMemory::Ort(tensors),
+            bases,
+        })
+    }
     /// Gives slot `slot`'s whole pages of every host buffer back to the system (they read as
     /// zeroes when next touched): without it a CPU server kept the high-water mark of its
     /// pages' positions, ~0.5 GB per finished A4 page of the full-size model. Device
@@ -225,40 +270,8 @@ impl GqaCache {
         let elem_bytes = ty.byte_size(1).unwrap_or(4);
         let gib = (2 * layers * slots * kv_heads * max_seq * head_dim * elem_bytes) as f64
             / (1u64 << 30) as f64;
-        let failed = |e: String| {
-            BackendError::runtime(
-                PART,
-                format!(
-                    "allocating the KV cache ({slots} sequences x {max_seq} positions, \
-                     {gib:.2} GiB in all; fewer sequences (the batch size) or a shorter \
-                     max_sequence_length need less): {e}"
-                ),
-            )
-        };
-        let buffers = Arc::new(if kv_mem.allocation_device() == AllocationDevice::CPU {
-            let bytes = slots * kv_heads * max_seq * head_dim * elem_bytes;
-            let host = (0..2 * layers)
-                .map(|_| HostBuffer::zeroed(bytes).ok_or_else(|| failed("out of memory".into())))
-                .collect::<Result<Vec<_>, _>>()?;
-            let bases = host.iter().map(|b| b.ptr.as_ptr() as usize).collect();
-            KvBuffers {
-                owner: KvMemory::Host(host),
-                bases,
-            }
-        } else {
-            let mut tensors = Vec::with_capacity(2 * layers);
-            for _ in 0..2 * layers {
-                tensors.push(DynTensor::new(&alloc, ty, shape).map_err(|e| failed(e.to_string()))?);
-            }
-            let bases = tensors
-                .iter_mut()
-                .map(|t| t.data_ptr_mut() as usize)
-                .collect();
-            KvBuffers {
-                owner: KvMemory::Ort(tensors),
-                bases,
-            }
-        });
+        let count = 2 * layers;
+        let buffers = Arc::new(KvBuffers::allocate(&alloc, ty, shape, count, gib)?);
         Ok(GqaCache {
             buffers,
             slot_bytes: kv_heads * max_seq * head_dim * elem_bytes,

@@ -78,14 +78,7 @@ pub(super) fn build(
             continue;
         }
         let rtx = order.first() == Some(&Provider::TensorRtRtx);
-        let in_memory = if super::weights::keeps_map(order[0]) {
-            if weights.is_none() {
-                weights = Some(super::weights::read(path)?);
-            }
-            weights.as_ref().and_then(|w| w.as_ref())
-        } else {
-            None
-        };
+        let in_memory = weights_for(order[0], path, &mut weights)?;
         // A prebuilt engine replaces the graph: its EPContext model names the engine file.
         let prebuilt = rtx
             .then(|| opts.providers.trt_rtx.engines.get(&part))
@@ -250,6 +243,22 @@ impl Attempt<'_> {
         }
         b.commit_from_file(self.file)
     }
+}
+
+/// The weights to hand a session of provider `p` in memory: read once (into `cache`) the
+/// first time a provider that would keep the file mapped needs them; `None` for the others.
+fn weights_for<'a>(
+    p: Provider,
+    path: &Path,
+    cache: &'a mut Option<Option<ExternalData>>,
+) -> Result<Option<&'a ExternalData>, LoadError> {
+    if !super::weights::keeps_map(p) {
+        return Ok(None);
+    }
+    if cache.is_none() {
+        *cache = Some(super::weights::read(path)?);
+    }
+    Ok(cache.as_ref().and_then(|w| w.as_ref()))
 }
 
 /// Loads `model` on the CPU with `opts` and writes the graph ONNX Runtime actually runs
