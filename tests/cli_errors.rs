@@ -603,3 +603,25 @@ fn kv_cache_flags_that_cannot_work_are_named() {
     assert!(e.contains("--decoder gqa"), "{e}");
     assert!(!out.exists());
 }
+
+/// Issue 41 item 8: `on|off` switches list `on, off` (not clap's `true, false`) and
+/// `--providers` lists every provider, `tensorrt-rtx` included, in `ocr -h` and `serve -h`.
+#[test]
+fn help_lists_on_off_switches_and_every_provider() {
+    for cmd in ["ocr", "serve"] {
+        let help = ocrctl_ok(&[cmd, "-h"]);
+        assert!(!help.contains("true, false"), "{cmd} -h:\n{help}");
+        for flag in ["--cuda-graphs", "--vision-stage", "--prefill-stage"] {
+            let line = help
+                .lines()
+                .skip_while(|l| !l.trim_start().starts_with(flag))
+                .find(|l| l.contains("possible values"))
+                .unwrap_or_else(|| panic!("{cmd} -h: no values for {flag}:\n{help}"));
+            assert!(line.contains("[possible values: on, off]"), "{line}");
+        }
+        assert!(
+            help.contains("[possible values: tensorrt-rtx, tensorrt, cuda, cpu]"),
+            "{cmd} -h:\n{help}"
+        );
+    }
+}

@@ -28,9 +28,9 @@ pub struct RuntimeArgs {
     /// profile's, else fp32).
     #[arg(long, env = "OCRCTL_PRECISION")]
     pub precision: Option<String>,
-    /// Execution providers in order of preference: tensorrt-rtx, tensorrt, cuda, cpu
-    /// (default: the profile's, else cpu).
-    #[arg(long, env = "OCRCTL_PROVIDERS", value_delimiter = ',', value_parser = parse_provider)]
+    /// Execution providers in order of preference, comma-separated (default: the profile's,
+    /// else cpu).
+    #[arg(long, env = "OCRCTL_PROVIDERS", value_delimiter = ',', value_parser = ProviderParser)]
     pub providers: Option<Vec<Provider>>,
     /// Fail instead of falling back when a listed provider is unavailable.
     #[arg(long, env = "OCRCTL_STRICT_PROVIDERS")]
@@ -60,19 +60,19 @@ pub struct RuntimeArgs {
     pub no_verify: bool,
     /// CUDA graphs for the GQA decoder's decode steps (`on`/`off`; default: the profile's
     /// `cuda.cuda_graphs`, else off).
-    #[arg(long, env = "OCRCTL_CUDA_GRAPHS", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "OCRCTL_CUDA_GRAPHS", value_parser = OnOff)]
     pub cuda_graphs: Option<bool>,
     /// Encode pages' images on a thread of their own while the batch decodes (`on`/`off`;
     /// GPU providers only).
     #[arg(long, env = "OCRCTL_VISION_STAGE", default_value = "on", action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new())]
+        value_parser = OnOff)]
     pub vision_stage: bool,
     /// With the vision stage and the GQA decoder, also prefill pages on the stage's thread
     /// with a second decoder session, so prompts do not stall decode steps (`on`/`off`; costs
     /// a second copy of the decoder's weights in GPU memory; measured no throughput gain on an
     /// H200: docs/manual/gpu.md).
     #[arg(long, env = "OCRCTL_PREFILL_STAGE", default_value = "off", action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new())]
+        value_parser = OnOff)]
     pub prefill_stage: bool,
 }
 
@@ -104,15 +104,81 @@ fn parse_decoder(s: &str) -> Result<DecoderVariant, String> {
     DecoderVariant::parse(s).map_err(|e| e.to_string())
 }
 
-fn parse_provider(s: &str) -> Result<Provider, String> {
-    match s.trim() {
-        "tensorrt-rtx" | "trt-rtx" => Ok(Provider::TensorRtRtx),
-        "tensorrt" | "trt" => Ok(Provider::TensorRt),
-        "cuda" => Ok(Provider::Cuda),
-        "cpu" => Ok(Provider::Cpu),
-        other => Err(format!(
-            "unknown provider `{other}` (expected tensorrt-rtx, tensorrt, cuda or cpu)"
-        )),
+/// `--providers`' values: the names of [`Provider::ALL`], so that `--help` lists what the
+/// parser takes (`trt-rtx` and `trt` are accepted too, unlisted).
+#[derive(Clone)]
+struct ProviderParser;
+
+impl clap::builder::TypedValueParser for ProviderParser {
+    type Value = Provider;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Provider, clap::Error> {
+        let name = value.to_string_lossy();
+        match Provider::parse(name.trim()) {
+            Some(p) => Ok(p),
+            // clap's own message: the value and the possible values.
+            None => Err(invalid(cmd, arg, value, Provider::ALL.map(Provider::name))),
+        }
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            Provider::ALL
+                .iter()
+                .map(|p| clap::builder::PossibleValue::new(p.name())),
+        ))
+    }
+}
+
+/// clap's error for a `value` not among `names`: the value, the option and the possible values.
+fn invalid<const N: usize>(
+    cmd: &clap::Command,
+    arg: Option<&clap::Arg>,
+    value: &std::ffi::OsStr,
+    names: [&'static str; N],
+) -> clap::Error {
+    use clap::builder::TypedValueParser;
+    match clap::builder::PossibleValuesParser::new(names).parse_ref(cmd, arg, value) {
+        Err(e) => e,
+        // Only called for values the parser refused, which none of `names` is.
+        Ok(_) => clap::Error::new(clap::error::ErrorKind::InvalidValue).with_cmd(cmd),
+    }
+}
+
+/// An `on`/`off` switch. `--help` lists `on, off` (clap's `BoolishValueParser` lists
+/// `true, false`); the values it takes are still all of its (`true`, `yes`, `1`, …).
+#[derive(Clone)]
+pub struct OnOff;
+
+impl clap::builder::TypedValueParser for OnOff {
+    type Value = bool;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<bool, clap::Error> {
+        clap::builder::BoolishValueParser::new()
+            .parse_ref(cmd, arg, value)
+            .map_err(|_| invalid(cmd, arg, value, ["on", "off"]))
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            ["on", "off"]
+                .into_iter()
+                .map(clap::builder::PossibleValue::new),
+        ))
     }
 }
 
@@ -275,5 +341,51 @@ mod tests {
             .rt;
         assert!(rt.vision_stage);
         assert!(Cli::try_parse_from(["t", "--vision-stage", "maybe"]).is_err());
+    }
+
+    /// `--help` lists `on, off` for the switches and every provider by name; the switches
+    /// still take clap's other boolean words, the providers their short names.
+    #[test]
+    fn help_lists_the_values_the_parsers_take() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        assert!(!help.contains("true, false"), "{help}");
+        assert_eq!(
+            help.matches("[possible values: on, off]").count(),
+            3,
+            "{help}"
+        );
+        assert!(
+            help.contains("[possible values: tensorrt-rtx, tensorrt, cuda, cpu]"),
+            "{help}"
+        );
+        let rt = Cli::try_parse_from(["t", "--vision-stage", "false", "--cuda-graphs", "yes"])
+            .unwrap()
+            .rt;
+        assert!(!rt.vision_stage);
+        assert_eq!(rt.cuda_graphs, Some(true));
+        let rt = Cli::try_parse_from(["t", "--providers", "trt-rtx, cuda,cpu"])
+            .unwrap()
+            .rt;
+        use ocrctl::runtime::providers::Provider;
+        assert_eq!(
+            rt.providers,
+            Some(vec![Provider::TensorRtRtx, Provider::Cuda, Provider::Cpu])
+        );
+        for (flag, bad, listed) in [
+            ("--prefill-stage", "maybe", "[possible values: on, off]"),
+            (
+                "--providers",
+                "rocm",
+                "[possible values: tensorrt-rtx, tensorrt, cuda, cpu]",
+            ),
+        ] {
+            let e = Cli::try_parse_from(["t", flag, bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains(&format!("invalid value '{bad}'")), "{e}");
+            assert!(e.contains(listed), "{e}");
+        }
     }
 }

@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// Seconds a finished job (and its text) is kept for `GET /v1/ocr/jobs/{id}/result`.
     #[arg(long, env = "OCRCTL_JOB_TTL", default_value_t = 3600)]
     job_ttl: u64,
+    /// Pages of one document uploaded to /v1/ocr (default: the profile's
+    /// max_pages_per_request, 500 in the built-in ones); they are rendered, queued and run 16
+    /// at a time, so memory does not grow with the count.
+    #[arg(long, env = "OCRCTL_MAX_PAGES_PER_REQUEST")]
+    max_pages_per_request: Option<usize>,
     /// Pages of one job's document (a job holds 16 of them in memory at a time).
     #[arg(long, env = "OCRCTL_MAX_JOB_PAGES", default_value_t = 2000)]
     max_job_pages: usize,
@@ -279,6 +284,9 @@ fn check_front_limits(a: &ServeArgs) -> anyhow::Result<()> {
     if a.body_memory_mb == 0 {
         anyhow::bail!("--body-memory-mb must be at least 1");
     }
+    if a.max_pages_per_request == Some(0) {
+        anyhow::bail!("--max-pages-per-request must be at least 1");
+    }
     Ok(())
 }
 
@@ -336,6 +344,9 @@ fn server_config(a: &ServeArgs, profile: &Profile) -> ServerConfig {
         model_name: model_name(a),
         max_body_bytes: profile.max_body_mb as usize * 1024 * 1024,
         max_images: profile.max_images_per_request as usize,
+        max_pages: a
+            .max_pages_per_request
+            .unwrap_or(profile.max_pages_per_request as usize),
         max_pixels: a.max_pixels,
         default_max_new_tokens: profile.default_max_new_tokens as usize,
         max_new_tokens_limit: profile.max_new_tokens_limit as usize,

@@ -171,8 +171,13 @@ pub struct Profile {
     pub max_new_tokens_limit: u32,
     /// Memory the KV cache of the whole batch may take, GiB.
     pub kv_cache_gb: f64,
-    /// Pages one request may carry.
+    /// Images one chat request may carry.
     pub max_images_per_request: u32,
+    /// Pages of one document a `/v1/ocr` upload may have (`serve --max-pages-per-request`
+    /// overrides it). The pages are rendered and queued a few at a time, so the decode budget,
+    /// not this, bounds their memory. Default 500.
+    #[serde(default = "default_max_pages_per_request")]
+    pub max_pages_per_request: u32,
     /// HTTP request body limit, MiB.
     pub max_body_mb: u32,
     /// Requests waiting for a batch slot before new ones are refused (0: refuse when full).
@@ -205,6 +210,10 @@ pub struct Profile {
 
 pub(crate) fn default_decode_memory_mb() -> u32 {
     1024
+}
+
+pub(crate) fn default_max_pages_per_request() -> u32 {
+    500
 }
 
 pub(crate) fn gib_to_bytes(gb: f64) -> u64 {
@@ -403,6 +412,9 @@ impl Profile {
         }
         if self.max_images_per_request == 0 {
             return Err(self.invalid("max_images_per_request", "must be at least 1"));
+        }
+        if self.max_pages_per_request == 0 {
+            return Err(self.invalid("max_pages_per_request", "must be at least 1"));
         }
         if self.decode_memory_mb == 0 {
             return Err(self.invalid("decode_memory_mb", "must be at least 1"));

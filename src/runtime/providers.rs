@@ -31,6 +31,23 @@ pub enum Provider {
 }
 
 impl Provider {
+    /// Every provider, in the order `--providers`' help lists them.
+    pub const ALL: [Provider; 4] = [
+        Provider::TensorRtRtx,
+        Provider::TensorRt,
+        Provider::Cuda,
+        Provider::Cpu,
+    ];
+
+    /// The provider of a [`name`](Provider::name), or of its short form (`trt-rtx`, `trt`).
+    pub fn parse(name: &str) -> Option<Provider> {
+        match name {
+            "trt-rtx" => Some(Provider::TensorRtRtx),
+            "trt" => Some(Provider::TensorRt),
+            _ => Provider::ALL.into_iter().find(|p| p.name() == name),
+        }
+    }
+
     /// Whether the provider runs on a GPU.
     pub fn is_gpu(self) -> bool {
         !matches!(self, Provider::Cpu)

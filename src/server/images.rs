@@ -31,6 +31,14 @@ fn decode_bytes_per_pixel(bpp: u64, rotated: bool) -> u64 {
 const PDF_PAGE_BYTES: u64 =
     crate::documents::pdf::PDF_MAX_SIDE as u64 * crate::documents::pdf::PDF_MAX_SIDE as u64 * 4;
 
+/// What one PDF page takes from the [`DecodeBudget`] while it is rendered and prepared: its
+/// bitmap at the renderer's largest side and its preprocessed pixels (as [`plan`] counts it).
+pub fn pdf_page_bytes(pre: &PreprocessConfig) -> u64 {
+    let side = crate::documents::pdf::PDF_MAX_SIDE;
+    let (th, tw) = preprocess::target_size(side, side, pre);
+    PDF_PAGE_BYTES + u64::from(th) * u64::from(tw) * 3
+}
+
 /// Bounds the memory of request images being decoded and preprocessed at once, across all
 /// requests: each request first takes its [`Plan`]'s bytes (its largest decode plus its pages'
 /// preprocessed pixels) from the budget and gives them back once its pages are queued. A request
@@ -139,7 +147,8 @@ pub struct Plan {
     pub bytes: u64,
 }
 
-/// Plans the preprocessing of `uploads` (images, or PDFs of at most `max_pages` pages each).
+/// Plans the preprocessing of `uploads` (images, or PDFs counted as `max_pages` pages each:
+/// `/v1/ocr` plans a PDF one rendered page at a time, with 1).
 ///
 /// Without it, sixteen concurrent chat requests of eight blank 1540×1540 PNGs (109 KB each)
 /// took the fixture server from 62 MB to 3.0 GB before their prompts were found too long
@@ -210,43 +219,21 @@ pub fn pdf_error(e: crate::documents::pdf::PdfError) -> ApiError {
     }
 }
 
-/// The pages of an upload with their 1-based page numbers: a PDF's pages (those `ranges`
-/// selects, else all) rendered at 200 DPI by `reader`, or the image itself (page 1, whatever
-/// `ranges`). A page past the reader's limits is a 400 naming the page and the limit.
-pub fn document_pages(
-    reader: &crate::documents::pdf::sandbox::PdfReader,
-    bytes: &[u8],
-    name: &str,
-    max_pixels: u64,
-    max_pages: usize,
-    ranges: Option<&crate::documents::ranges::PageRanges>,
-) -> Result<Vec<(usize, RgbImage)>, ApiError> {
-    if crate::documents::pdf::is_pdf(bytes) {
-        let mut doc = reader.open(bytes.to_vec(), name).map_err(pdf_error)?;
-        let selected: Vec<usize> = match ranges {
-            Some(r) => r
-                .select(doc.page_count(), name)
-                .map_err(|e| ApiError::bad("pages", e.to_string()))?,
-            None => (0..doc.page_count()).collect(),
-        };
-        // Counted before anything is rendered.
-        if selected.len() > max_pages {
-            return Err(ApiError::bad(
-                "file",
-                format!(
-                    "{name}: {} pages, more than the limit of {max_pages} per request (max_images_per_request)",
-                    selected.len()
-                ),
-            ));
-        }
-        return selected
-            .into_iter()
-            .map(|i| Ok((i + 1, doc.render_page(i).map_err(pdf_error)?)))
-            .collect();
+/// An uploaded image decoded (its header's pixel count checked first); a failure is a 400
+/// naming `file`.
+pub fn decode_upload(bytes: &[u8], name: &str, max_pixels: u64) -> Result<RgbImage, ApiError> {
+    preprocess::decode_image_bytes(bytes, name, max_pixels).map_err(|e| decode_error(e, "file"))
+}
+
+/// Checks an uploaded image from its header alone (a known format, at most `max_pixels`), so
+/// that an upload decoded later is refused up front as [`decode_upload`] would refuse it.
+pub fn check_upload(bytes: &[u8], name: &str, max_pixels: u64) -> Result<(), ApiError> {
+    match header(bytes) {
+        Some((w, h, _)) if w > 0 && h > 0 && u64::from(w) * u64::from(h) <= max_pixels => Ok(()),
+        // Decoding reads the header first, so it fails there, before any pixel, with the
+        // error the decode itself would give.
+        _ => decode_upload(bytes, name, max_pixels).map(drop),
     }
-    let img = preprocess::decode_image_bytes(bytes, name, max_pixels)
-        .map_err(|e| decode_error(e, "file"))?;
-    Ok(vec![(1, img)])
 }
 
 /// Fetches `http://` images when allowed; `https://` needs TLS, which this binary leaves
@@ -456,5 +443,7 @@ mod tests {
         assert_eq!(p.tokens, 0);
         assert!(p.bytes >= 3 * (PDF_PAGE_BYTES + 1540 * 1540 * 3), "{p:?}");
         assert_eq!(super::plan([b"junk".as_slice()], 3, &pre), Plan::default());
+        // `/v1/ocr` takes a PDF's share one rendered page at a time.
+        assert_eq!(super::plan([pdf], 1, &pre).bytes, pdf_page_bytes(&pre));
     }
 }

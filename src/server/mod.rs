@@ -45,7 +45,11 @@ pub struct ServerConfig {
     /// The name `/v1/models` lists and requests may ask for.
     pub model_name: String,
     pub max_body_bytes: usize,
+    /// Images of one chat request (the profile's `max_images_per_request`).
     pub max_images: usize,
+    /// Pages of one `/v1/ocr` document (`--max-pages-per-request`, else the profile's
+    /// `max_pages_per_request`).
+    pub max_pages: usize,
     /// Pixel limit checked from an image's header before decoding.
     pub max_pixels: u64,
     pub default_max_new_tokens: usize,

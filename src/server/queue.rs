@@ -240,19 +240,6 @@ impl Shared {
         self.wake.notify_all();
     }
 
-    /// Queues several jobs (the pages of one document) all or none. A document with more
-    /// pages than `queue_size` is taken only when the queue is empty.
-    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
-        let mut q = self.lock();
-        if q.len() + jobs.len() > self.queue_size && !q.is_empty() {
-            return Err(ApiError::QueueFull { queued: q.len() });
-        }
-        q.extend(jobs);
-        drop(q);
-        self.wake.notify_all();
-        Ok(())
-    }
-
     /// Whether another ready engine with room holds fewer tokens than `engine`.
     fn better_engine_than(&self, engine: usize) -> bool {
         let mine = self.engines[engine].load();

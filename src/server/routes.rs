@@ -419,5 +419,6 @@ mod ocr_figures;
 mod ocr_form;
 mod ocr_jobs;
 mod ocr_pages;
+mod ocr_window;
 pub use ocr_form::*;
 pub use ocr_jobs::{cancel_job, create_job, job_result, job_status, JobLimits, Jobs};

@@ -6,6 +6,11 @@ use std::io::Write;
 /// A PDF of `pages` (each a content stream and the entries its stream dictionary adds, e.g.
 /// a filter) drawing on `forms` (name, content stream), with a correct xref table.
 pub fn pdf(pages: &[(Vec<u8>, &str)], forms: &[(&str, &str)]) -> Vec<u8> {
+    pdf_sized(pages, forms, (612, 792))
+}
+
+/// [`pdf`] with pages of `size` points (`(72, 72)`: one inch, 200 px rendered at 200 DPI).
+pub fn pdf_sized(pages: &[(Vec<u8>, &str)], forms: &[(&str, &str)], (w, h): (u32, u32)) -> Vec<u8> {
     let mut objs: Vec<Vec<u8>> = vec![b"<< /Type /Catalog /Pages 2 0 R >>".to_vec()];
     let n = pages.len();
     let kids: Vec<String> = (0..n).map(|i| format!("{} 0 R", 3 + 2 * i)).collect();
@@ -20,7 +25,7 @@ pub fn pdf(pages: &[(Vec<u8>, &str)], forms: &[(&str, &str)]) -> Vec<u8> {
     for (i, (content, dict)) in pages.iter().enumerate() {
         objs.push(
             format!(
-                "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {} 0 R \
+                "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {w} {h}] /Contents {} 0 R \
                  {resources} >>",
                 4 + 2 * i
             )
@@ -29,7 +34,7 @@ pub fn pdf(pages: &[(Vec<u8>, &str)], forms: &[(&str, &str)]) -> Vec<u8> {
         objs.push(stream(dict, content));
     }
     for (_, body) in forms {
-        let dict = format!("/Type /XObject /Subtype /Form /BBox [0 0 612 792] {resources}");
+        let dict = format!("/Type /XObject /Subtype /Form /BBox [0 0 {w} {h}] {resources}");
         objs.push(stream(&dict, body.as_bytes()));
     }
     objs.push(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_vec());

@@ -259,3 +259,88 @@ fn the_pages_field_reads_only_the_chosen_pages() {
         );
     }
 }
+
+/// The value of the unlabelled gauge `name` in the server's `/metrics`.
+fn gauge(s: &Server, name: &str) -> u64 {
+    let m = s.get("/metrics").unwrap().text();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        .parse()
+        .unwrap()
+}
+
+/// Issue 41 item 3: `/v1/ocr` reads a PDF through a window of pages, so a document of
+/// hundreds of pages is answered whole (before, at most `max_images_per_request` pages, all
+/// rendered and held at once), its decode budget taken one rendered page at a time (before,
+/// the whole document's worst case up front); past `--max-pages-per-request` it is a 400
+/// naming the flag. One-inch pages and two tokens a page keep it fast.
+#[test]
+fn a_300_page_pdf_is_read_through_v1_ocr_within_the_page_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), 4, 8, &["--max-pages-per-request", "300"]);
+    let page = |i: usize| {
+        (
+            format!("BT /F1 24 Tf 4 30 Td ({}) Tj ET", i % 10).into_bytes(),
+            "",
+        )
+    };
+    let long =
+        |n: usize| common::pdfgen::pdf_sized(&(0..n).map(page).collect::<Vec<_>>(), &[], (72, 72));
+    let fields = [
+        ("max_tokens", "2"),
+        ("accept_length", "true"),
+        ("temperature", "0"),
+    ];
+    let post = |path: &str, pdf: &[u8]| {
+        let (ct, mp) = multipart(&fields, Some(("long.pdf", pdf)));
+        request(&s.addr, "POST", path, &[("Content-Type", &ct)], &mp).unwrap()
+    };
+    let pdf = long(300);
+    let t = std::time::Instant::now();
+    let r = post("/v1/ocr?format=json", &pdf);
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let pages = v["pages"].as_array().unwrap();
+    assert_eq!(pages.len(), 300);
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(
+            (&p["page"], &p["status"]),
+            (&json!(i + 1), &json!("ok")),
+            "{p}"
+        );
+    }
+    let text = v["text"].as_str().unwrap();
+    assert!(
+        text.contains(&ocrctl::documents::inputs::page_separator(300)),
+        "{text}"
+    );
+    // One rendered page's worth of the decode budget at most (a PDF page at the renderer's
+    // largest side and its model pixels), not 300 of them.
+    let one_page = ocrctl::server::images::pdf_page_bytes(&Default::default());
+    let peak = gauge(&s, "ocrctl_image_decode_peak_bytes");
+    assert!(
+        peak > 0 && peak <= one_page,
+        "peak {peak}, one page {one_page}"
+    );
+    eprintln!("300 pages through /v1/ocr in {secs:.1} s");
+    // Streamed: the same markdown, the page count in `x-ocr-pages` before the text.
+    let r = post("/v1/ocr?stream=true", &pdf);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-ocr-pages"), Some("300"));
+    assert_eq!(r.text(), text);
+    // One page more is refused before anything is rendered, naming the flag and the field.
+    let r = post("/v1/ocr", &long(301));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "file", "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("301 pages, more than the limit of 300 per request")
+            && msg.contains("--max-pages-per-request")
+            && msg.contains("max_pages_per_request"),
+        "{msg}"
+    );
+    assert_eq!(s.get("/health").unwrap().status, 200);
+}

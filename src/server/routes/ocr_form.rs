@@ -4,7 +4,9 @@
 
 use super::ocr_figures;
 use super::ocr_pages::{self, OutcomeFields, PageJob};
+use super::ocr_window::{self, First, Plan};
 use super::*;
+use std::ops::ControlFlow;
 
 /// Query of `/v1/ocr`.
 #[derive(Debug, serde::Deserialize, Default)]
@@ -39,7 +41,8 @@ fn form_logit_bias(text: &str) -> Result<Vec<(u32, f32)>, ApiError> {
 /// `POST /v1/ocr`: multipart with a `file` (image or PDF) and optional `max_tokens`,
 /// `temperature`, `top_p`, `top_k`, `repetition_penalty`, `presence_penalty`,
 /// `frequency_penalty`, `logit_bias` (a JSON object, as in a chat request), `seed`, `prompt`,
-/// `pages`, `retries` and `accept_length` fields.
+/// `pages`, `retries` and `accept_length` fields. The pages are read through
+/// [`ocr_window`]: a few rendered, queued or running at a time, up to `max_pages_per_request`.
 pub async fn ocr(
     State(st): St,
     Query(q): Query<OcrQuery>,
@@ -53,8 +56,12 @@ pub async fn ocr(
     let (name, bytes) = form.file()?;
     check_text_bytes(&st, form.prompt.as_ref().map_or(0, String::len), "prompt")?;
     st.ready()?;
-    let max_tokens = form.overrides.max_tokens(&st)?;
-    let params = form.overrides.sampling(&st)?;
+    let plan = Plan {
+        max_tokens: form.overrides.max_tokens(&st)?,
+        params: form.overrides.sampling(&st)?,
+        policy,
+        prompt: form.prompt,
+    };
     if q.figures && (q.stream || !json_out) {
         return Err(ApiError::bad(
             "figures",
@@ -63,33 +70,28 @@ pub async fn ocr(
     }
     // `Bytes`: the clone shares the upload, read again only for pages with boxed figures.
     let figures_src = q.figures.then(|| (bytes.clone(), name.clone()));
-    let client = ClientAlive::new();
     let doc = Upload {
         name,
         bytes,
-        prompt: form.prompt,
         ranges: form.ranges,
     };
-    let pages = prepare_pages(st.clone(), doc, permit, client.flag()).await?;
-    let mut jobs = Vec::with_capacity(pages.len());
-    let mut queued = Vec::with_capacity(pages.len());
-    let upload = new_id("ocr");
-    for (i, (number, page)) in pages.into_iter().enumerate() {
-        check_length(&st, page.prompt_ids.len(), max_tokens)?;
-        let id = format!("{upload}-p{}", i + 1);
-        let req = st
-            .pipeline
-            .request_with(page, page_params(&params, i), max_tokens);
-        let (j, page) = queue_page(&st, id, number, req, policy, accepted);
-        jobs.push(j);
-        queued.push(page);
-    }
-    st.shared.submit_all(jobs)?;
+    let mut doc = ocr_window::open(st.clone(), doc, page_limit(&st)).await?;
+    // The body's share of the memory for bodies, given back once every page is rendered.
+    doc.body = permit.map(|Extension(p)| p);
+    let total = doc.pages();
+    let first = First::Refuse { since: accepted };
+    let mut rx = ocr_window::queue_pages(st.clone(), doc, Arc::new(plan), new_id("ocr"), first);
     if q.stream {
-        return Ok(ocr_pages::stream(st.clone(), queued, policy));
+        // The first page's error (a prompt too long, a full queue) is the request's.
+        let Some(mut first) = rx.recv().await else {
+            return Ok(ocr_pages::respond(&st, &[], false, None));
+        };
+        if let Some(e) = first.take_error() {
+            return Err(e);
+        }
+        return Ok(ocr_pages::stream(st.clone(), first, rx, policy, total));
     }
-    let mut results = ocr_pages::run_pages(&st, queued, policy, accepted).await?;
-    drop(client);
+    let mut results = all_pages(&st, rx, policy).await?;
     let figures = match figures_src {
         Some((bytes, name)) => {
             Some(ocr_figures::crop_results(&st, bytes, name, &mut results).await?)
@@ -97,6 +99,41 @@ pub async fn ocr(
         None => None,
     };
     Ok(ocr_pages::respond(&st, &results, json_out, figures))
+}
+
+/// `/v1/ocr`'s page limit: the profile's `max_pages_per_request` or the flag's.
+fn page_limit(st: &AppState) -> ocr_window::PageLimit {
+    ocr_window::PageLimit {
+        max: st.cfg.max_pages,
+        per: "per request (serve --max-pages-per-request, the profile's max_pages_per_request)",
+    }
+}
+
+/// Every page of `rx` run to its end, in the document's order; the first error fails the
+/// request (its other pages are cancelled).
+async fn all_pages(
+    st: &AppState,
+    rx: tokio::sync::mpsc::Receiver<ocr_window::Queued>,
+    policy: crate::generation::outcome::RetryPolicy,
+) -> Result<Vec<ocr_pages::PageResult>, ApiError> {
+    let mut results = Vec::new();
+    let mut failure = None;
+    ocr_window::run_window(st, rx, policy, |index, _, r| match r {
+        Ok(r) => {
+            results.push((index, r));
+            ControlFlow::Continue(())
+        }
+        Err(e) => {
+            failure = Some(e);
+            ControlFlow::Break(())
+        }
+    })
+    .await;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    results.sort_by_key(|(index, _)| *index);
+    Ok(results.into_iter().map(|(_, r)| r).collect())
 }
 
 /// `?format=`: `markdown` (the default, also `md`) or `json`; anything else is a 400 naming
@@ -212,52 +249,11 @@ impl Form {
     }
 }
 
-/// A document to read: the upload, the prompt its pages get and the pages asked for.
+/// A document to read: the upload and the pages asked for.
 pub(super) struct Upload {
     pub name: String,
     pub bytes: Bytes,
-    pub prompt: Option<String>,
     pub ranges: Option<crate::documents::ranges::PageRanges>,
-}
-
-/// Every page of `doc` rendered or decoded and prepared (`/v1/ocr` holds them all until they
-/// are queued), under the decode budget; stops when `alive` turns false.
-async fn prepare_pages(
-    st: Arc<AppState>,
-    doc: Upload,
-    permit: Option<Extension<super::super::front::BodyPermit>>,
-    alive: Arc<AtomicBool>,
-) -> Result<Vec<(usize, crate::generation::pipeline::PreparedPage)>, ApiError> {
-    tokio::task::spawn_blocking(move || {
-        // The body's share of the memory for bodies, given back with the upload's bytes.
-        let _body = permit;
-        let is_alive = || alive.load(Ordering::Relaxed);
-        // The render or decode and every preprocessed page, until they are queued.
-        let pre = &st.pipeline.preprocess;
-        let cost = images::plan([&doc.bytes[..]], st.cfg.max_images, pre).bytes;
-        let _permit = st
-            .decode_budget
-            .acquire(cost, &is_alive)
-            .ok_or_else(client_gone)?;
-        let pages = images::document_pages(
-            &st.pdf,
-            &doc.bytes,
-            &doc.name,
-            st.cfg.max_pixels,
-            st.cfg.max_images,
-            doc.ranges.as_ref(),
-        )?;
-        let mut out = Vec::with_capacity(pages.len());
-        for (number, img) in pages {
-            if !is_alive() {
-                return Err(client_gone());
-            }
-            out.push((number, prepare_page(&st, &img, doc.prompt.as_deref())?));
-        }
-        Ok::<_, ApiError>(out)
-    })
-    .await
-    .map_err(|e| ApiError::Engine(format!("preprocessing task failed: {e}")))?
 }
 
 /// One page's prompt and pixels; a prompt the template refuses is a 400 naming `prompt`.

@@ -4,31 +4,25 @@
 //! finished page's outcome, `GET /v1/ocr/jobs/{id}/result` answers as `/v1/ocr` would have
 //! (markdown or `?format=json`, 200 / 207 / 422), `DELETE /v1/ocr/jobs/{id}` cancels.
 //!
-//! A job renders, queues and runs at most [`WINDOW`] pages at a time, so its memory does not
-//! grow with the document (up to `--max-job-pages`, against `/v1/ocr`'s
-//! `max_images_per_request`); each page's `--request-timeout` counts from when it is queued,
-//! and a page waits for room when the queue is full rather than failing. A page that cannot
-//! be rendered or fails in the engine is a failed page (`reason: error`, its message in the
-//! job's status), the others go on. The server keeps `--max-jobs` jobs, running or finished
+//! A job reads its document through [`super::ocr_window`] as `/v1/ocr` does, at most
+//! [`WINDOW`](super::ocr_window::WINDOW) pages rendered, queued or running at a time (up to
+//! `--max-job-pages`); each page's `--request-timeout` counts from when it is queued, and a
+//! page waits for room when the queue is full rather than failing, the first one too. A page
+//! that cannot be rendered or fails in the engine is a failed page (`reason: error`, its
+//! message in the job's status), the others go on. The server keeps `--max-jobs` jobs, running or finished
 //! (429 past that), a finished one for `--job-ttl`; jobs live in memory, not across restarts.
 
 use super::bodies::{JobStatus, PageEntry};
-use super::ocr_form::{json_format, page_params, prepare_page, queue_page, read_form, Upload};
-use super::ocr_pages::{self, PageJob, PageResult};
+use super::ocr_form::{json_format, read_form, Upload};
+use super::ocr_pages::{self, PageResult};
+use super::ocr_window::{self, First, PageLimit, Plan};
 use super::*;
-use crate::documents::pdf::sandbox::OpenPdf;
-use crate::generation::outcome::{FailReason, PageOutcome, RetryPolicy};
+use crate::generation::outcome::{FailReason, PageOutcome};
 use axum::extract::Path;
-use futures_util::stream::FuturesUnordered;
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::Mutex;
 use std::time::Duration;
-
-/// Pages of one job rendered, queued or running at once (an A4 page waits as ~7 MB of
-/// 8-bit pixels).
-const WINDOW: usize = 16;
-/// How long a page waits before asking a full queue again.
-const QUEUE_RETRY: Duration = Duration::from_millis(250);
 
 /// The job store's limits (`serve --max-jobs`, `--job-ttl`, `--max-job-pages`).
 #[derive(Debug, Clone, Copy)]
@@ -220,13 +214,19 @@ pub async fn create_job(
     let doc = Upload {
         name,
         bytes,
-        prompt: None,
         ranges: form.ranges,
     };
-    let (source, numbers) = open(st.clone(), doc).await?;
+    let limit = PageLimit {
+        max: st.jobs.limits.max_pages,
+        per: "per job (--max-job-pages)",
+    };
+    let doc = ocr_window::open(st.clone(), doc, limit).await?;
+    // The upload's bytes are the job's now (its connection may close): not the body's.
     drop(permit);
-    let job = st.jobs.add(numbers.len())?;
-    let task = tokio::spawn(run(st.clone(), job.clone(), source, numbers, plan));
+    let job = st.jobs.add(doc.pages())?;
+    let policy = plan.policy;
+    let rx = ocr_window::queue_pages(st.clone(), doc, Arc::new(plan), job.id.clone(), First::Wait);
+    let task = tokio::spawn(run(st.clone(), job.clone(), rx, policy));
     *lock(&job.task) = Some(task.abort_handle());
     let mut r = job.status_response();
     *r.status_mut() = StatusCode::ACCEPTED;
@@ -282,163 +282,18 @@ pub async fn cancel_job(State(st): St, Path(id): Path<String>) -> Result<Respons
     Ok(job.status_response())
 }
 
-/// What every page of a job is asked with.
-struct Plan {
-    max_tokens: usize,
-    params: SamplingParams,
-    policy: RetryPolicy,
-    prompt: Option<String>,
-}
-
-/// An opened document: a PDF whose pages are rendered one by one, or an image (taken by its
-/// one page); `Gone` after its renderer panicked.
-enum Source {
-    Pdf(OpenPdf),
-    Image(Option<image::RgbImage>),
-    Gone,
-}
-
-/// Opens `doc` and picks its pages (1-based numbers): a PDF in the sandboxed reader, an image
-/// decoded under the decode budget.
-async fn open(st: Arc<AppState>, doc: Upload) -> Result<(Source, Vec<usize>), ApiError> {
-    tokio::task::spawn_blocking(move || {
-        if !crate::documents::pdf::is_pdf(&doc.bytes) {
-            let cost = images::plan([&doc.bytes[..]], 1, &st.pipeline.preprocess).bytes;
-            let _permit = st.decode_budget.acquire(cost, &|| true);
-            let pages =
-                images::document_pages(&st.pdf, &doc.bytes, &doc.name, st.cfg.max_pixels, 1, None)?;
-            let img = pages.into_iter().next().map(|(_, img)| img);
-            return Ok((Source::Image(img), vec![1]));
-        }
-        let pdf = st
-            .pdf
-            .open(doc.bytes.to_vec(), &doc.name)
-            .map_err(images::pdf_error)?;
-        let count = pdf.page_count();
-        let numbers: Vec<usize> = match &doc.ranges {
-            Some(r) => r
-                .select(count, &doc.name)
-                .map_err(|e| ApiError::bad("pages", e.to_string()))?,
-            None => (0..count).collect(),
-        };
-        let max = st.jobs.limits.max_pages;
-        if numbers.len() > max {
-            return Err(ApiError::bad(
-                "file",
-                format!(
-                    "{}: {} pages, more than the limit of {max} per job (--max-job-pages)",
-                    doc.name,
-                    numbers.len()
-                ),
-            ));
-        }
-        Ok((
-            Source::Pdf(pdf),
-            numbers.into_iter().map(|i| i + 1).collect(),
-        ))
-    })
-    .await
-    .map_err(|e| ApiError::Engine(format!("opening the document failed: {e}")))?
-}
-
-/// Runs a job's pages to their ends, [`WINDOW`] at a time, then marks it ended.
+/// Runs a job's pages to their ends, each one's result recorded as it ends, then marks the
+/// job ended.
 async fn run(
     st: Arc<AppState>,
     job: Arc<OcrJob>,
-    mut source: Source,
-    numbers: Vec<usize>,
-    plan: Plan,
+    rx: tokio::sync::mpsc::Receiver<ocr_window::Queued>,
+    policy: crate::generation::outcome::RetryPolicy,
 ) {
-    let upload = job.id.clone();
-    let mut running = FuturesUnordered::new();
-    for (i, number) in numbers.into_iter().enumerate() {
-        while running.len() >= WINDOW {
-            if let Some((n, r)) = running.next().await {
-                job.page_done(n, r);
-            }
-        }
-        let (back, page) = render(st.clone(), source, number, plan.prompt.clone()).await;
-        source = back;
-        let page = match page.and_then(|p| {
-            check_length(&st, p.prompt_ids.len(), plan.max_tokens)?;
-            Ok(p)
-        }) {
-            Ok(p) => p,
-            Err(e) => {
-                job.page_done(number, Err(e));
-                continue;
-            }
-        };
-        let params = page_params(&plan.params, i);
-        let req = st.pipeline.request_with(page, params, plan.max_tokens);
-        let id = format!("{upload}-p{number}");
-        let (st2, policy) = (&st, plan.policy);
-        running.push(async move {
-            let r = match submit(st2, id, number, req, policy).await {
-                Ok((page, accepted)) => ocr_pages::run_page(st2, page, policy, accepted).await,
-                Err(e) => Err(e),
-            };
-            (number, r)
-        });
-    }
-    while let Some((n, r)) = running.next().await {
-        job.page_done(n, r);
-    }
+    ocr_window::run_window(&st, rx, policy, |_, number, r| {
+        job.page_done(number, r);
+        ControlFlow::Continue(())
+    })
+    .await;
     job.end(false);
-}
-
-/// Page `number` of `source`, rendered and prepared on a blocking thread; the source comes
-/// back for the next page.
-async fn render(
-    st: Arc<AppState>,
-    mut source: Source,
-    number: usize,
-    prompt: Option<String>,
-) -> (
-    Source,
-    Result<crate::generation::pipeline::PreparedPage, ApiError>,
-) {
-    let task = tokio::task::spawn_blocking(move || {
-        let img = match &mut source {
-            Source::Pdf(pdf) => pdf.render_page(number - 1).map_err(images::pdf_error),
-            Source::Image(img) => img
-                .take()
-                .ok_or_else(|| ApiError::Engine("the image was read already".into())),
-            Source::Gone => Err(ApiError::Engine(
-                "the document could not be read after an earlier page's failure".into(),
-            )),
-        };
-        let page = img.and_then(|img| prepare_page(&st, &img, prompt.as_deref()));
-        (source, page)
-    });
-    match task.await {
-        Ok(r) => r,
-        // A panic in the renderer: the document cannot be read further.
-        Err(e) => (
-            Source::Gone,
-            Err(ApiError::Engine(format!(
-                "rendering page {number} failed: {e}"
-            ))),
-        ),
-    }
-}
-
-/// Queues a page's first attempt, waiting while the queue is full; its deadline counts
-/// from when it is queued.
-async fn submit(
-    st: &AppState,
-    id: String,
-    number: usize,
-    req: GenRequest,
-    policy: RetryPolicy,
-) -> Result<(PageJob, Instant), ApiError> {
-    loop {
-        let accepted = Instant::now();
-        let (j, page) = queue_page(st, id.clone(), number, req.clone(), policy, accepted);
-        match st.shared.submit(j) {
-            Ok(()) => return Ok((page, accepted)),
-            Err(ApiError::QueueFull { .. }) => tokio::time::sleep(QUEUE_RETRY).await,
-            Err(e) => return Err(e),
-        }
-    }
 }

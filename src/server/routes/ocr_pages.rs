@@ -11,10 +11,12 @@
 
 use super::bodies::{OcrResponse, PageEntry};
 use super::ocr_figures::FigureEntry;
+use super::ocr_window::Queued;
 use super::*;
 use crate::generation::generate::FinishReason;
 use crate::generation::outcome::{failed_marker, FailReason, Next, PageOutcome, RetryPolicy};
 use crate::server::error::ErrorDetail;
+use tokio::sync::mpsc;
 
 /// Retries a request may ask for: olmOCR tries a page up to 8 times; this bounds one
 /// upload's work to 9 attempts a page.
@@ -116,18 +118,6 @@ pub(super) async fn run_page(
         });
     }
     unreachable!("the attempts loop returns")
-}
-
-/// Runs every page of an upload at once (a page's retry does not wait for the pages before
-/// it); the first error fails the request, dropping (so cancelling) the other pages.
-pub(super) async fn run_pages(
-    st: &AppState,
-    pages: Vec<PageJob>,
-    policy: RetryPolicy,
-    accepted: Instant,
-) -> Result<Vec<PageResult>, ApiError> {
-    let runs = pages.into_iter().map(|p| run_page(st, p, policy, accepted));
-    futures_util::future::try_join_all(runs).await
 }
 
 /// The status of a response whose `failed` of `pages` pages failed: 200 when none did, 207
@@ -251,56 +241,126 @@ pub(super) fn respond(
     resp
 }
 
-/// `stream=true`: each page's text as it is generated, one attempt a page (text sent cannot
-/// be taken back); a page that did not finish is followed by its failed marker.
-pub(super) fn stream(st: Arc<AppState>, pages: Vec<PageJob>, policy: RetryPolicy) -> Response {
-    let cut = st.cut.subscribe();
-    let s = stream::iter(pages.into_iter().enumerate())
-        .then(move |(i, page)| {
-            let (cut, st) = (cut.clone(), st.clone());
-            let number = page.number;
-            async move {
-                let sep = (i > 0).then(|| Ok::<_, Infallible>(Bytes::from(page_separator(number))));
-                let body = stream::unfold(Some((page.rx, cut)), move |state| {
-                    let st = st.clone();
-                    async move {
-                        let (mut rx, mut cut) = state?;
-                        let bytes = match next_event(&mut rx, &mut cut).await? {
-                            JobEvent::Delta { text, .. } => {
-                                return Some((Ok(Bytes::from(text)), Some((rx, cut))))
-                            }
-                            JobEvent::Failed(e) => {
-                                let failed = PageOutcome::failed(FailReason::Error, 1);
-                                st.shared.metrics.pages.count(&failed);
-                                format!("\n\n[error: {e}]\n")
-                            }
-                            JobEvent::Done {
-                                finish_reason,
-                                stop_reason,
-                                ..
-                            } => {
-                                let finish = finish_of(finish_reason, stop_reason.as_deref());
-                                let outcome = match policy.after(0, policy.fault(finish, false)) {
-                                    Next::Done(o) => o,
-                                    Next::Retry(r) => PageOutcome::failed(r, 1),
-                                };
-                                st.shared.metrics.pages.count(&outcome);
-                                let reason = outcome.reason?;
-                                format!("\n\n{}", failed_marker(number, reason))
-                            }
-                        };
-                        Some((Ok(Bytes::from(bytes)), None))
-                    }
-                });
-                stream::iter(sep).chain(body)
-            }
-        })
+/// The `X-OCR-Pages` header of a streamed answer: how many pages the upload has (those
+/// `pages` selects), for a client that shows "page k of N" as the separators come.
+pub(super) const PAGES_HEADER: &str = "x-ocr-pages";
+
+/// `stream=true`: each page's text as it is generated, `first` (already queued: an error of
+/// the first page is the request's, answered before the stream) then the rest of `rx`, in
+/// order; one attempt a page (text sent cannot be taken back). A page that did not finish
+/// is followed by its failed marker, one that failed with an error by the marker and the
+/// error's message ([`error_marker`]).
+pub(super) fn stream(
+    st: Arc<AppState>,
+    first: Queued,
+    rx: mpsc::Receiver<Queued>,
+    policy: RetryPolicy,
+    total: usize,
+) -> Response {
+    let rest = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|q| (q, rx)) });
+    let s = stream::iter([first])
+        .chain(rest)
+        .map(move |q| stream_page(st.clone(), q, policy))
         .flatten();
-    (
+    let mut resp = (
         [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
         Body::from_stream(s),
     )
-        .into_response()
+        .into_response();
+    resp.headers_mut()
+        .insert(PAGES_HEADER, header::HeaderValue::from(total));
+    resp
+}
+
+/// One page of [`stream`]: its separator, then its text as it comes and its marker; the
+/// page keeps its place in the window until its last bytes are taken.
+fn stream_page(
+    st: Arc<AppState>,
+    mut q: Queued,
+    policy: RetryPolicy,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+    let (index, number) = (q.index, q.number);
+    let sep = (index > 0).then(|| Ok(Bytes::from(page_separator(number))));
+    let body = match q.take() {
+        Err(e) => {
+            // Not rendered or not queued: the marker alone.
+            st.shared
+                .metrics
+                .pages
+                .count(&PageOutcome::failed(FailReason::Error, 1));
+            stream::iter([Ok(Bytes::from(error_marker(number, &e)))]).left_stream()
+        }
+        Ok((page, _)) => {
+            let cut = st.cut.subscribe();
+            stream::unfold(Some((page.rx, cut, q)), move |state| {
+                let st = st.clone();
+                async move {
+                    let (mut rx, mut cut, q) = state?;
+                    let ev = next_event(&mut rx, &mut cut).await?;
+                    match streamed_event(&st, ev, number, policy)? {
+                        Streamed::Text(t) => Some((Ok(Bytes::from(t)), Some((rx, cut, q)))),
+                        Streamed::Last(t) => Some((Ok(Bytes::from(t)), None)),
+                    }
+                }
+            })
+            .right_stream()
+        }
+    };
+    stream::iter(sep).chain(body)
+}
+
+/// What a streamed page's event adds to the stream.
+enum Streamed {
+    /// Text, more to come.
+    Text(String),
+    /// The page's last bytes.
+    Last(String),
+}
+
+/// A streamed page's event as bytes to send: its text, or at its end its marker when it did
+/// not finish (`None` when it finished: nothing more to send), its outcome counted.
+fn streamed_event(
+    st: &AppState,
+    ev: JobEvent,
+    number: usize,
+    policy: RetryPolicy,
+) -> Option<Streamed> {
+    match ev {
+        JobEvent::Delta { text, .. } => Some(Streamed::Text(text)),
+        JobEvent::Failed(e) => {
+            let failed = PageOutcome::failed(FailReason::Error, 1);
+            st.shared.metrics.pages.count(&failed);
+            Some(Streamed::Last(format!("\n\n{}", error_marker(number, &e))))
+        }
+        JobEvent::Done {
+            finish_reason,
+            stop_reason,
+            ..
+        } => {
+            let finish = finish_of(finish_reason, stop_reason.as_deref());
+            let outcome = match policy.after(0, policy.fault(finish, false)) {
+                Next::Done(o) => o,
+                Next::Retry(r) => PageOutcome::failed(r, 1),
+            };
+            st.shared.metrics.pages.count(&outcome);
+            let reason = outcome.reason?;
+            Some(Streamed::Last(format!(
+                "\n\n{}",
+                failed_marker(number, reason)
+            )))
+        }
+    }
+}
+
+/// A streamed page's marker when it failed with an error: [`failed_marker`]'s with the
+/// error's message, so a reader of the stream (the upload page) can say why. (`-->` in the
+/// message is broken up so that the comment holds.)
+pub(super) fn error_marker(number: usize, e: &ApiError) -> String {
+    let message = e.to_string().replace("-->", "-- >");
+    format!(
+        "<!-- page {number} failed: {}: {message} -->",
+        FailReason::Error
+    )
 }
 
 /// The page-outcome form fields of `/v1/ocr`: `retries` and `accept_length`.
@@ -411,6 +471,25 @@ mod tests {
             body.starts_with(r#"{"code":"pages_failed","message":"no page of the upload finished (2 failed): each ended"#)
                 && body.ends_with(r#"accept_length=true","param":null,"type":"invalid_request_error"}"#),
             "{body}"
+        );
+    }
+
+    /// A streamed page that failed with an error ends with the failed marker, the error's
+    /// message inside it (a `-->` in the message cannot end the comment early).
+    #[test]
+    fn an_error_marker_is_a_failed_marker_with_the_message() {
+        let e = ApiError::Timeout { secs: 600 };
+        assert_eq!(
+            error_marker(3, &e),
+            "<!-- page 3 failed: error: request did not finish within 600 s (--request-timeout) -->"
+        );
+        assert!(crate::generation::outcome::has_failed_marker(
+            &error_marker(3, &e)
+        ));
+        let e = ApiError::Engine("a --> b".into());
+        assert_eq!(
+            error_marker(1, &e),
+            "<!-- page 1 failed: error: generation failed: a -- > b -->"
         );
     }
 
