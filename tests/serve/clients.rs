@@ -3,6 +3,33 @@
 
 use super::*;
 
+/// `node tests/browser/upload.mjs ARGS…` against `s`: what the upload page showed (JSON).
+fn upload_page(s: &Server, chromium: &Path, args: &[&str]) -> Value {
+    let browser = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    let url = format!("http://{}/", s.addr);
+    let (flags, rest) = args.split_at(usize::from(args.first() == Some(&"--drop")));
+    let out = Command::new("node")
+        .current_dir(&browser)
+        .env("CHROMIUM", chromium)
+        .arg("upload.mjs")
+        .args(flags)
+        .arg(&url)
+        .args(rest)
+        .output()
+        .expect("node runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The upload page (issue 41 item 6): one image's text as the CLI reads it, "Done"; then
+/// two files dropped together, read in turn: the image again, and a PDF whose second page
+/// cannot be rendered (past `--pdf-page-memory`), shown as a failed page with its reason, not
+/// as "Done" with the error inside the text; "page k/N" while it streams, and each document
+/// downloads as NAME.md.
 #[test]
 fn upload_page_in_headless_chromium_shows_the_text() {
     const TEST: &str = "upload_page_in_headless_chromium_shows_the_text";
@@ -35,28 +62,90 @@ fn upload_page_in_headless_chromium_shows_the_text() {
     {
         return;
     }
+    let chromium = chromium.expect("checked above");
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path(), 1, 4, &[]);
+    let s = server(dir.path(), 1, 4, &["--pdf-page-memory", "256"]);
     let want = cli("aligned.png", 32)["text"].as_str().unwrap().to_string();
-    let out = Command::new("node")
-        .current_dir(&browser)
-        .env("CHROMIUM", chromium.expect("checked above"))
-        .args([
-            "upload.mjs",
-            &format!("http://{}/", s.addr),
-            image("aligned.png").to_str().unwrap(),
-            "32",
-        ])
-        .output()
-        .expect("node runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let png = image("aligned.png");
+    let v = upload_page(&s, &chromium, &["32", png.to_str().unwrap()]);
     assert_eq!(v["text"].as_str().unwrap(), want);
     assert!(v["status"].as_str().unwrap().starts_with("Done"), "{v}");
+    assert_eq!(v["failures"], json!([]), "{v}");
+    assert_eq!(
+        v["downloads"],
+        json!([{"name": "aligned.md", "text": want + "\n"}])
+    );
+    // Page 1 a square, page 2 two forms that draw each other (pdfium's memory grows until
+    // the render worker's limit stops it).
+    let forms = [
+        ("A", "/B Do /B Do 0 0 1 1 re f"),
+        ("B", "/A Do /A Do 0 0 1 1 re f"),
+    ];
+    let square = (b"0 g 100 100 200 200 re f".to_vec(), "");
+    let bomb = common::pdfgen::pdf(&[square, (b"/A Do".to_vec(), "")], &forms);
+    let bomb_path = dir.path().join("bomb.pdf");
+    std::fs::write(&bomb_path, bomb).unwrap();
+    let args = [
+        "--drop",
+        "32",
+        png.to_str().unwrap(),
+        bomb_path.to_str().unwrap(),
+    ];
+    let v = upload_page(&s, &chromium, &args);
+    let docs = v["docs"].as_array().unwrap();
+    assert_eq!(docs[0], "aligned.png — done", "{v}");
+    let bomb_entry = docs[1].as_str().unwrap();
+    assert!(
+        bomb_entry.starts_with("bomb.pdf — ") && bomb_entry.ends_with("of 2 pages failed"),
+        "{v}"
+    );
+    // The PDF is shown last: its failures listed, the status an error that is not "Done".
+    let status = v["status"].as_str().unwrap();
+    assert!(
+        status.starts_with("Finished 2 files") && status.contains("bomb.pdf"),
+        "{v}"
+    );
+    assert_eq!(v["statusClass"], "error", "{v}");
+    let failures = v["failures"].as_array().unwrap();
+    let page2 = failures
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|f| f.starts_with("Page 2 failed: error: "))
+        .unwrap_or_else(|| panic!("no failure of page 2: {v}"));
+    assert!(page2.contains("memory limit of 256 MiB"), "{page2}");
+    let text = v["text"].as_str().unwrap();
+    assert!(
+        text.contains("<!-- page 2 -->") && text.contains("<!-- page 2 failed: error: "),
+        "{text}"
+    );
+    assert!(!text.contains("[error"), "{text}");
+    let history: Vec<&str> = v["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        history.iter().any(|h| h.contains("bomb.pdf: page 2/2")),
+        "{history:?}"
+    );
+    assert!(
+        history
+            .iter()
+            .any(|h| h.starts_with("(1/2) Done: aligned.png")),
+        "{history:?}"
+    );
+    let names: Vec<&Value> = v["downloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["name"])
+        .collect();
+    assert_eq!(names, [&json!("aligned.md"), &json!("bomb.md")]);
+    assert_eq!(
+        v["downloads"][1]["text"].as_str().unwrap(),
+        format!("{text}\n")
+    );
 }
 
 #[test]
