@@ -14,6 +14,51 @@ pub(crate) fn valid_name(s: &str) -> bool {
         && !s.starts_with('.')
 }
 
+/// The built-in profile a mistyped `name` most likely meant: within two edits (`16g`,
+/// `16GB`, `cpus`), case aside.
+fn closest_builtin(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    BUILTIN
+        .iter()
+        .map(|(n, _)| (edits(&name, n), *n))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, n)| n)
+}
+
+/// Levenshtein distance between `a` and `b`.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(here + 1);
+            prev = here;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod suggest_tests {
+    use super::*;
+
+    #[test]
+    fn a_mistyped_profile_name_suggests_the_built_in_it_is_close_to() {
+        assert_eq!(closest_builtin("16g"), Some("16gb"));
+        assert_eq!(closest_builtin("24GB"), Some("24gb"));
+        assert_eq!(closest_builtin("cpus"), Some("cpu"));
+        assert_eq!(closest_builtin("datacenter"), None);
+        let e = locate("80g").unwrap_err().to_string();
+        assert!(e.ends_with("; did you mean `80gb`?"), "{e}");
+    }
+}
+
 /// The YAML text of a built-in profile.
 pub fn builtin(name: &str) -> Option<&'static str> {
     BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
@@ -74,6 +119,7 @@ pub fn locate(name_or_path: &str) -> Result<(ProfileSource, String), ProfileErro
     let name = name_or_path;
     let not_found = |searched: &[PathBuf]| ProfileError::NotFound {
         name: name.to_string(),
+        hint: closest_builtin(name).map_or(String::new(), |n| format!("; did you mean `{n}`?")),
         builtins: BUILTIN
             .iter()
             .map(|(n, _)| *n)

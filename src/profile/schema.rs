@@ -14,12 +14,14 @@ pub enum ProfileError {
     /// A bare name that is neither a built-in nor a file in the search folders.
     #[error(
         "profile `{name}` not found: it is not a built-in ({builtins}) and no `{name}.yaml` \
-         is in {searched} (give a path to load another file)"
+         is in {searched} (give a path to load another file){hint}"
     )]
     NotFound {
         name: String,
         builtins: String,
         searched: String,
+        /// `; did you mean `…`?` for a name close to a built-in's, else empty.
+        hint: String,
     },
     /// Not YAML, or not the schema: an unknown field, a wrong type, a missing field.
     #[error("{file}: {message}")]
