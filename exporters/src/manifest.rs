@@ -109,12 +109,54 @@ impl Manifest {
     }
 }
 
+/// An export beside a `dir` that does not exist whose name is within two edits of it
+/// (`model-int4` for `model-in4`).
+fn nearest_export(dir: &Path) -> Option<std::path::PathBuf> {
+    let name = dir.file_name()?.to_str()?;
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::read_dir(parent)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join(MANIFEST).is_file())
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.to_string();
+            Some((edit_distance(name, &n), n))
+        })
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, n)| dir.with_file_name(n))
+}
+
+/// Levenshtein distance between `a` and `b` (characters inserted, removed or replaced).
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(here + 1);
+            prev = here;
+        }
+    }
+    row[b.len()]
+}
+
 /// Why `dir` is not an export, and what to do about it.
 fn not_an_export(dir: &Path) -> String {
     let d = dir.display();
     let export = format!("ocrctl export --checkpoint CHECKPOINT --out {d}");
     if !dir.exists() {
-        format!("{d}: no such directory; --model takes a folder written by `{export}`")
+        let hint = nearest_export(dir).map_or(String::new(), |n| {
+            format!(" (did you mean {}?)", n.display())
+        });
+        format!("{d}: no such directory{hint}; --model takes a folder written by `{export}`")
     } else if !dir.is_dir() {
         format!("{d} is a file; --model takes the folder an export wrote (`{export}`)")
     } else if dir.join("config.json").is_file()
@@ -128,5 +170,25 @@ fn not_an_export(dir: &Path) -> String {
         )
     } else {
         format!("{d} is not an ocrctl export (it has no {MANIFEST}); make one with `{export}`")
+    }
+}
+
+#[cfg(test)]
+mod suggest_tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_model_folder_names_the_export_beside_it_that_it_is_close_to() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("model-int4")).unwrap();
+        std::fs::write(t.path().join("model-int4").join(MANIFEST), "{}").unwrap();
+        std::fs::create_dir(t.path().join("model-int8")).unwrap(); // not an export
+        let e = not_an_export(&t.path().join("model-in4"));
+        let want = format!("(did you mean {}?)", t.path().join("model-int4").display());
+        assert!(e.contains(&want), "{e}");
+        let far = not_an_export(&t.path().join("elsewhere"));
+        assert!(!far.contains("did you mean"), "{far}");
+        assert_eq!(edit_distance("16g", "16gb"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 }

@@ -20,28 +20,10 @@ fn closest_builtin(name: &str) -> Option<&'static str> {
     let name = name.to_ascii_lowercase();
     BUILTIN
         .iter()
-        .map(|(n, _)| (edits(&name, n), *n))
+        .map(|(n, _)| (ocrctl_exporters::manifest::edit_distance(&name, n), *n))
         .filter(|(d, _)| *d <= 2)
         .min()
         .map(|(_, n)| n)
-}
-
-/// Levenshtein distance between `a` and `b`.
-fn edits(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let here = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb))
-                .min(row[j] + 1)
-                .min(here + 1);
-            prev = here;
-        }
-    }
-    row[b.len()]
 }
 
 #[cfg(test)]
