@@ -356,9 +356,8 @@ impl ChatCompletionRequest {
         Ok(req)
     }
 
-    /// The checks serde cannot express, each naming its parameter; images are decoded and
-    /// messages put in the chat template's shape.
-    pub fn into_params(self) -> Result<ChatParams, ApiError> {
+    /// Refuses what this server does not do, naming the parameter.
+    fn check_unsupported(&self) -> Result<(), ApiError> {
         let unsupported = [
             ("tools", &self.tools, "tool calls"),
             ("functions", &self.functions, "function calls"),
@@ -379,6 +378,13 @@ impl ChatCompletionRequest {
         if n != 1 {
             return Err(ApiError::bad("n", format!("n must be 1 (got {n})")));
         }
+        Ok(())
+    }
+
+    /// The checks serde cannot express, each naming its parameter; images are decoded and
+    /// messages put in the chat template's shape.
+    pub fn into_params(self) -> Result<ChatParams, ApiError> {
+        self.check_unsupported()?;
         let msgs = match self.messages {
             Some(m) if m.is_empty() => return Err(ApiError::bad("messages", "messages is empty")),
             Some(m) => m,
@@ -395,52 +401,9 @@ impl ChatCompletionRequest {
         for (i, m) in msgs.into_iter().enumerate() {
             messages.push(m.into_template(i, &mut images)?);
         }
-        let stop = match self.stop {
-            None => Vec::new(),
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
-        };
-        if stop.len() > MAX_STOP_STRINGS || stop.iter().any(String::is_empty) {
-            return Err(ApiError::bad(
-                "stop",
-                format!("at most {MAX_STOP_STRINGS} non-empty stop strings"),
-            ));
-        }
-        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
-            return Err(ApiError::bad(
-                "stop",
-                format!(
-                    "a stop string has {} bytes; at most {MAX_STOP_BYTES} are allowed",
-                    long.len()
-                ),
-            ));
-        }
-        let top_logprobs = self.top_logprobs.unwrap_or(0);
-        if top_logprobs > MAX_TOP_LOGPROBS as u64 {
-            return Err(ApiError::bad(
-                "top_logprobs",
-                format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"),
-            ));
-        }
-        let logprobs = self.logprobs.unwrap_or(false);
-        if top_logprobs > 0 && !logprobs {
-            return Err(ApiError::bad(
-                "top_logprobs",
-                "top_logprobs requires logprobs: true",
-            ));
-        }
-        let top_k = match self.top_k {
-            None => None,
-            // vLLM: -1 (or 0) disables top-k.
-            Some(-1 | 0) => Some(0),
-            Some(k) if k > 0 => Some(k as usize),
-            Some(k) => {
-                return Err(ApiError::bad(
-                    "top_k",
-                    format!("top_k must be -1, 0 or a positive integer, got {k}"),
-                ))
-            }
-        };
+        let stop = stop_strings(self.stop)?;
+        let (logprobs, top_logprobs) = logprob_options(self.logprobs, self.top_logprobs)?;
+        let top_k = top_k_of(self.top_k)?;
         let logit_bias = self.logit_bias.map(parse_logit_bias).transpose()?;
         Ok(ChatParams {
             model: self.model,
@@ -461,10 +424,72 @@ impl ChatCompletionRequest {
             stop,
             stream: self.stream.unwrap_or(false),
             logprobs,
-            top_logprobs: top_logprobs as usize,
+            top_logprobs,
             ignore_eos: self.ignore_eos.unwrap_or(false),
         })
     }
+}
+
+/// `stop` as a list, at most [`MAX_STOP_STRINGS`] non-empty strings of at most
+/// [`MAX_STOP_BYTES`] bytes.
+fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stop = match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop.len() > MAX_STOP_STRINGS || stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} non-empty stop strings"),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad(
+            "stop",
+            format!(
+                "a stop string has {} bytes; at most {MAX_STOP_BYTES} are allowed",
+                long.len()
+            ),
+        ));
+    }
+    Ok(stop)
+}
+
+/// `logprobs` and `top_logprobs` checked together.
+fn logprob_options(logprobs: Option<bool>, top: Option<u64>) -> Result<(bool, usize), ApiError> {
+    let top_logprobs = top.unwrap_or(0);
+    if top_logprobs > MAX_TOP_LOGPROBS as u64 {
+        return Err(ApiError::bad(
+            "top_logprobs",
+            format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"),
+        ));
+    }
+    let logprobs = logprobs.unwrap_or(false);
+    if top_logprobs > 0 && !logprobs {
+        return Err(ApiError::bad(
+            "top_logprobs",
+            "top_logprobs requires logprobs: true",
+        ));
+    }
+    Ok((logprobs, top_logprobs as usize))
+}
+
+/// `top_k` as vLLM reads it: -1 or 0 turns it off.
+fn top_k_of(top_k: Option<i64>) -> Result<Option<usize>, ApiError> {
+    let top_k = match top_k {
+        None => None,
+        // vLLM: -1 (or 0) disables top-k.
+        Some(-1 | 0) => Some(0),
+        Some(k) if k > 0 => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad(
+                "top_k",
+                format!("top_k must be -1, 0 or a positive integer, got {k}"),
+            ))
+        }
+    };
+    Ok(top_k)
 }
 
 /// `logit_bias`'s keys as token ids, at most [`MAX_LOGIT_BIAS`] of them.
