@@ -317,6 +317,16 @@ impl Drop for Server {
     }
 }
 
+/// The value of the unlabelled gauge `name` in `s`'s `/metrics`.
+pub fn gauge(s: &Server, name: &str) -> u64 {
+    let m = s.get("/metrics").unwrap().text();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        .parse()
+        .unwrap()
+}
+
 /// A chat request for one image (data URL) with greedy decoding.
 pub fn chat_body(image: &[u8], mime: &str, max_tokens: usize) -> serde_json::Value {
     use base64::Engine as _;

@@ -1,8 +1,7 @@
 //! The front door against hostile clients (issue 42): duplicate `Host` headers, prompts of
 //! countless empty parts, clients that stop reading, bodies that never arrive.
 
-use super::common::server::{chat_body, request};
-use super::images::gauge;
+use super::common::server::{chat_body, gauge, request};
 use super::{error_of, image, start};
 use serde_json::json;
 use std::io::{Read, Write};

@@ -3,7 +3,9 @@
 //! before anything is decoded, and request bodies share `--body-memory-mb`.
 
 use super::common;
-use super::common::server::{chat_body, concurrently, multipart, png_header, request, Server};
+use super::common::server::{
+    chat_body, concurrently, gauge, multipart, png_header, request, Server,
+};
 use super::{error_of, profile};
 use ocrctl::server::front::BODY_COPIES;
 use serde_json::json;
@@ -35,16 +37,6 @@ fn chat_concurrently(s: &Server, n: usize, body: String, status: u16) {
     for r in got {
         assert_eq!(r.status, status, "{}", r.text());
     }
-}
-
-/// The value of the unlabelled gauge `name` in the server's `/metrics`.
-pub(super) fn gauge(s: &Server, name: &str) -> u64 {
-    let m = s.get("/metrics").unwrap().text();
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-        .parse()
-        .unwrap()
 }
 
 /// 10.3: twelve large PNGs decoded at once to a 4.9 GB RSS. Now decodes share a budget

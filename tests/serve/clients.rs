@@ -349,16 +349,6 @@ fn the_pages_field_reads_only_the_chosen_pages() {
     }
 }
 
-/// The value of the unlabelled gauge `name` in the server's `/metrics`.
-fn gauge(s: &Server, name: &str) -> u64 {
-    let m = s.get("/metrics").unwrap().text();
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-        .parse()
-        .unwrap()
-}
-
 /// Issue 41 item 3: `/v1/ocr` reads a PDF through a window of pages, so a document of
 /// hundreds of pages is answered whole (before, at most `max_images_per_request` pages, all
 /// rendered and held at once), its decode budget taken one rendered page at a time (before,

@@ -128,17 +128,6 @@ fn sigterm_lets_a_running_stream_finish_then_exits_zero() {
     assert!(s.get("/health").is_err(), "no longer listening");
 }
 
-/// Resident MiB of process `pid` (Linux).
-fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib / 1024
-}
-
 /// An idle server holds the memory its pages use, not its whole KV cache (issue 41 item 2):
 /// ort zero-filled the host tensors it allocated, so the cpu profile's 5.6 GB cache (4
 /// sequences × 6 144 positions of the full-size model) was all resident at load. Here 256
@@ -153,13 +142,13 @@ fn an_idle_server_holds_what_its_pages_use_not_its_whole_kv_cache() {
         log.contains("KV cache of 256 sequences x 4096 positions (1.00 GiB"),
         "{log}"
     );
-    let idle = rss_mib(s.child.id());
+    let idle = gauge(&s, "ocrctl_resident_memory_bytes") >> 20;
     assert!(idle < 400, "idle RSS {idle} MiB with a 1 GiB KV cache");
     let (name, mime) = IMAGES[0];
     let bytes = std::fs::read(image(name)).unwrap();
     let r = s.post_json("/v1/chat/completions", &chat_body(&bytes, mime, MAX_TOKENS));
     assert_eq!(r.status, 200, "{}", r.text());
-    let after = rss_mib(s.child.id());
+    let after = gauge(&s, "ocrctl_resident_memory_bytes") >> 20;
     assert!(
         after < 400,
         "RSS {after} MiB after a page with a 1 GiB KV cache"

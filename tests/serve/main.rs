@@ -19,8 +19,8 @@ mod lifecycle;
 mod outcomes;
 
 use common::server::{
-    chat_body, chat_text, concurrent_chats, fixture_images, multipart, post_json_to, request,
-    test_profile, Server,
+    chat_body, chat_text, concurrent_chats, fixture_images, gauge, multipart, post_json_to,
+    request, test_profile, Server,
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

@@ -37,9 +37,7 @@ ONNX Runtime's CPU build accepts each graph up to the missing CUDA kernel.
 """
 
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -51,6 +49,8 @@ import onnxruntime as ort
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "../../../scripts"))
 sys.path.insert(0, os.path.join(HERE, "../2026-12-03-kv-cache"))
+sys.path.insert(0, os.path.join(HERE, "../../../scripts/gpu"))
+from gpu_paged_decoder_bench import timed  # noqa: E402  (RUNS from the same environment)
 from paged_reference import dense_attention, paged_attention, project  # noqa: E402
 
 HQ, HKV, D, EPS, THETA = 16, 8, 128, 1e-6, 1e6
@@ -292,21 +292,6 @@ def check_graph(rng, block=128, grow=7):
     want = reference(qkv1, node.norms, cu, pasts + grow, table, node.ref_k, node.ref_v)
     print(f"graph replay after +{grow} positions: output max|d| {np.abs(got - want).max():.5f}",
           flush=True)
-
-
-def timed(sess, io, graph_id):
-    """Median wall time of RUNS runs after 3 (replays of a capture when the session has CUDA
-    graphs and `graph_id` > 0)."""
-    ro = ort.RunOptions()
-    if graph_id > 0:
-        ro.add_run_config_entry("gpu_graph_id", str(graph_id))
-    times = []
-    for _ in range(RUNS + 3):
-        t = time.perf_counter()
-        sess.run_with_iobinding(io, ro)
-        io.synchronize_outputs()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[3:]) * 1e3
 
 
 def speed(batches):
